@@ -1,0 +1,74 @@
+"""Every rank takes the same decision, or none does.
+
+A rank that replays a graph while another runs eagerly, or one that raises while the
+others wait in a collective, hangs the job. Each decision point (after the host-sync
+probe, after capture) therefore gathers every rank's outcome with one collective and
+decides from the gathered list, which is the same on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .findings import Finding, merge_by_code
+
+
+@dataclass
+class Outcome:
+    """What one rank saw at a decision point. Must stay picklable."""
+
+    rank: int
+    ok: bool
+    findings: list[Finding] = field(default_factory=list)
+    forwards: int = 0  # DDP forwards the reducer has counted so far
+    forwards_per_step: int = 0  # counted during the last step
+    reducer_needs_reset: bool = False
+
+
+@dataclass
+class Decision:
+    outcomes: list[Outcome]
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outcomes)
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        return [o.rank for o in self.outcomes if not o.ok]
+
+    @property
+    def findings(self) -> list[Finding]:
+        return merge_by_code((o.rank, f) for o in self.outcomes for f in o.findings)
+
+    @property
+    def reducer_needs_reset(self) -> bool:
+        return any(o.reducer_needs_reset for o in self.outcomes)
+
+
+def agree(
+    outcome: Outcome,
+    group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
+) -> Decision:
+    """Gather `outcome` from every rank of `group` (the default group when None).
+
+    Blocks until all ranks arrive; call it at the same point of the step on every rank
+    and never while a stream is capturing. Without a process group, this rank decides
+    alone.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return Decision([outcome])
+    size = dist.get_world_size(group)
+    gathered: list[Outcome | None] = [None] * size
+    if device is not None and device.type == "cuda":
+        # all_gather_object stages through the *current* device, which must be this
+        # rank's own GPU for NCCL.
+        with torch.cuda.device(device):
+            dist.all_gather_object(gathered, outcome, group=group)
+    else:
+        dist.all_gather_object(gathered, outcome, group=group)
+    return Decision([o for o in gathered if o is not None])

@@ -1,0 +1,166 @@
+"""Graph backends: what records a step and replays it.
+
+`CudaGraphBackend` is the real one. `PassThroughBackend` is a stand-in that "records"
+by running the function and "replays" by running it again on the static inputs: it
+lets the whole capture state machine (warm-up, agreement between ranks, fallback,
+restoring state after a failed capture) run on CPU with gloo, which is how ddpgraph's
+own CI tests it, and how users can test their training loop without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from .distributed import current_rank
+
+
+class CaptureError(Exception):
+    """Recording failed. `cause` is the first error raised while recording, `end_error`
+    the error raised when the recording was closed (CUDA reports an invalidated
+    capture only then)."""
+
+    def __init__(self, cause: BaseException | None, end_error: BaseException | None = None):
+        self.cause = cause
+        self.end_error = end_error
+        first = cause if cause is not None else end_error
+        super().__init__(f"{type(first).__name__}: {first}")
+
+
+class CapturedGraph(Protocol):
+    outputs: Any
+
+    def replay(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class GraphBackend(Protocol):
+    name: str
+    # True when recording also runs the function (the stand-in): the caller then undoes
+    # the recorded call before the first replay, as CUDA recording runs no kernels.
+    executes_during_capture: bool
+
+    def capture(
+        self, fn: Callable[[], Any], *, stream: torch.cuda.Stream | None, pool: Any
+    ) -> CapturedGraph: ...
+
+
+class _CudaGraph:
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: Any) -> None:
+        self.graph = graph
+        self.outputs = outputs
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+    def release(self) -> None:
+        self.graph.reset()
+        self.outputs = None
+
+
+class CudaGraphBackend:
+    """Records with `torch.cuda.CUDAGraph` on the given side stream."""
+
+    name = "cuda"
+    executes_during_capture = False
+
+    def capture(
+        self, fn: Callable[[], Any], *, stream: torch.cuda.Stream | None, pool: Any
+    ) -> CapturedGraph:
+        if stream is None:
+            raise ValueError("CUDA graphs are captured on a side stream; got None")
+        # Finish all queued work first so that nothing from warm-up runs during capture,
+        # and free cached blocks the private pool may need.
+        torch.cuda.synchronize(stream.device)
+        torch.cuda.empty_cache()
+        graph = torch.cuda.CUDAGraph()
+        outputs: Any = None
+        cause: BaseException | None = None
+        end_error: BaseException | None = None
+        caller = torch.cuda.current_stream(stream.device)
+        stream.wait_stream(caller)
+        with torch.cuda.stream(stream):
+            try:
+                graph.capture_begin(pool=pool, capture_error_mode="global")
+            except BaseException as exc:  # capture never started: nothing to end
+                raise CaptureError(exc) from exc
+            try:
+                outputs = fn()
+            except BaseException as exc:
+                cause = exc
+            finally:
+                # Must run on the capture stream, and must run even after an error, or the
+                # stream stays in capture mode and every later CUDA call fails.
+                try:
+                    graph.capture_end()
+                except BaseException as exc:
+                    end_error = exc
+        caller.wait_stream(stream)
+        if cause is not None or end_error is not None:
+            _settle_after_failed_capture(stream.device)
+            raise CaptureError(cause, end_error)
+        return _CudaGraph(graph, outputs)
+
+
+def _settle_after_failed_capture(device: torch.device) -> None:
+    # An invalidated capture is not a sticky CUDA error; a synchronize makes sure the
+    # device is usable before eager steps run, and surfaces anything that is.
+    try:
+        torch.cuda.synchronize(device)
+    except RuntimeError:
+        pass
+
+
+class _PassThroughGraph:
+    def __init__(self, fn: Callable[[], Any], outputs: Any) -> None:
+        self.fn = fn
+        self.outputs = outputs
+
+    def replay(self) -> None:
+        fresh = self.fn()
+        with torch.no_grad():
+            for dst, src in zip(tree_leaves(self.outputs), tree_leaves(fresh), strict=False):
+                if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor):
+                    dst.copy_(src)
+
+    def release(self) -> None:
+        self.outputs = None
+
+
+class PassThroughBackend:
+    """A stand-in graph backend for CPU tests.
+
+    Recording runs the function once and keeps its outputs as the "graph-owned" outputs;
+    replaying runs it again on the static inputs and copies the results into those
+    outputs, so aliasing behaves as with CUDA graphs. `fail_ranks` makes recording fail
+    on those ranks (after the function ran, as CUDA reports an invalidated capture at
+    its end), to test agreement and recovery. `capturing` is True while recording.
+    """
+
+    name = "pass-through"
+    executes_during_capture = True
+
+    def __init__(self, fail_ranks: Iterable[int] = (), message: str = "injected failure"):
+        self.fail_ranks = frozenset(fail_ranks)
+        self.message = message
+        self.capturing = False
+        self.captures = 0
+
+    def capture(
+        self, fn: Callable[[], Any], *, stream: torch.cuda.Stream | None, pool: Any
+    ) -> CapturedGraph:
+        self.capturing = True
+        try:
+            outputs = fn()
+        except BaseException as exc:
+            raise CaptureError(exc) from exc
+        finally:
+            self.capturing = False
+        self.captures += 1
+        if current_rank() in self.fail_ranks:
+            raise CaptureError(None, RuntimeError(self.message))
+        return _PassThroughGraph(fn, outputs)

@@ -1,0 +1,157 @@
+"""Building DDP so that it can be captured, and reading what the reducer has done.
+
+`prepare_ddp` is the supported way to build the model: it constructs DDP on ddpgraph's
+capture stream and counts the reducer's iterations, which the warm-up policy needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .errors import usage_error
+from .streams import capture_stream
+
+_STREAM_ATTR = "_ddpgraph_stream"
+_COUNTER_ATTR = "_ddpgraph_counter"
+
+
+class ForwardCounter:
+    """Counts DDP forwards that the reducer counts (grad enabled and gradient sync on).
+
+    `exact` is False when the counter was attached to a model that had already run,
+    and the count before that is an estimate.
+    """
+
+    def __init__(self, start: int = 0, exact: bool = True) -> None:
+        self.count = start
+        self.exact = exact
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        # Mirrors the condition under which DDP._pre_forward calls prepare_for_forward.
+        if getattr(module, "_use_python_reducer", False) or getattr(
+            module, "_delay_all_reduce_all_params", False
+        ):
+            return
+        if torch.is_grad_enabled() and getattr(module, "require_backward_grad_sync", True):
+            self.count += 1
+
+
+def prepare_ddp(model: nn.Module, **ddp_kwargs: Any) -> DDP:
+    """Wrap `model` in `DistributedDataParallel` so that its training step can be captured.
+
+    Takes DDP's own keyword arguments (`device_ids`, `find_unused_parameters`,
+    `gradient_as_bucket_view`, `static_graph`, `bucket_cap_mb`, ...). On CUDA, DDP is
+    constructed on ddpgraph's capture stream for the model's device, the stream on which
+    `capture_step` later warms up and captures; DDP's gradient accumulators then live on
+    the capture stream, which is what lets backward be recorded. On CPU this is plain DDP.
+
+    Requires an initialised default process group (`torch.distributed.init_process_group`
+    or `ddpgraph.init_distributed()`).
+    """
+    if isinstance(model, DDP):
+        raise usage_error(
+            "`prepare_ddp(model)`",
+            "expected the bare module, got a model that is already DistributedDataParallel",
+            "pass the module itself: `ddpgraph.prepare_ddp(module, device_ids=[local_rank])`",
+        )
+    if not isinstance(model, nn.Module):
+        raise usage_error(
+            "`prepare_ddp(model)`",
+            f"expected a torch.nn.Module, got {type(model).__name__}",
+            "pass the model to train",
+        )
+    if not (dist.is_available() and dist.is_initialized()):
+        raise usage_error(
+            "`prepare_ddp`",
+            "the default process group is not initialised",
+            "call `ddpgraph.init_distributed()` (or `torch.distributed.init_process_group`) "
+            "first, and launch with `torchrun`",
+        )
+    device = model_device(model)
+    if device.type == "cuda":
+        stream = capture_stream(device)
+        caller = torch.cuda.current_stream(device)
+        stream.wait_stream(caller)
+        with torch.cuda.stream(stream):
+            ddp = DDP(model, **ddp_kwargs)
+        caller.wait_stream(stream)
+        setattr(ddp, _STREAM_ATTR, stream)
+    else:
+        ddp = DDP(model, **ddp_kwargs)
+    counter = ForwardCounter()
+    ddp.register_forward_pre_hook(counter)
+    setattr(ddp, _COUNTER_ATTR, counter)
+    return ddp
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (or buffer); CPU for a model with neither."""
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def built_on_stream(model: nn.Module) -> torch.cuda.Stream | None:
+    """The stream `prepare_ddp` built this DDP model on, or None."""
+    stream = getattr(model, _STREAM_ATTR, None)
+    return stream if isinstance(stream, torch.cuda.Stream) else None
+
+
+def mark_built_on(model: DDP, stream: torch.cuda.Stream) -> None:
+    """Record that the user built `model` on `stream` themselves."""
+    setattr(model, _STREAM_ATTR, stream)
+
+
+def forward_counter(model: nn.Module) -> ForwardCounter | None:
+    """The reducer-iteration counter of a DDP model, attaching one if it has none.
+
+    A model `prepare_ddp` did not build may already have run; its count is then read
+    from DDP's logging data, which records the last sampled iteration: a lower bound.
+    """
+    if not isinstance(model, DDP):
+        return None
+    counter = getattr(model, _COUNTER_ATTR, None)
+    if isinstance(counter, ForwardCounter):
+        return counter
+    start = 0
+    try:
+        start = int(model._get_ddp_logging_data().get("iteration", 0))
+    except Exception:  # prototype API: absence only costs precision
+        start = 0
+    counter = ForwardCounter(start, exact=False)
+    model.register_forward_pre_hook(counter)
+    setattr(model, _COUNTER_ATTR, counter)
+    return counter
+
+
+def reducer_finalized(model: nn.Module) -> bool:
+    """False when the reducer is stuck mid-backward (a failed capture can leave it so)."""
+    reducer = getattr(model, "reducer", None)
+    check = getattr(reducer, "_check_reducer_finalized", None)
+    if check is None:
+        return True
+    try:
+        check()
+    except RuntimeError:
+        return False
+    return True
+
+
+def reset_reducer(model: nn.Module) -> None:
+    """Let the next forward run after an interrupted backward.
+
+    This also makes the reducer rebuild its buckets after the next backward, with a
+    collective, so every rank must call it together.
+    """
+    reducer = getattr(model, "reducer", None)
+    reset = getattr(reducer, "_reset_state", None)
+    if reset is not None:
+        reset()
+        model._has_rebuilt_buckets = False

@@ -1,0 +1,247 @@
+"""Stable finding codes and the one message template every error and report uses.
+
+A *finding* is one thing ddpgraph learned about a training step: why it cannot be
+captured, why it ran eagerly, or what a user's script did wrong. The same finding
+object is what `CapturedStep.reason` holds, what `DdpGraphError` carries, and what
+`ddpgraph doctor` prints, so a user can look a code up wherever they met it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+class Code(str, enum.Enum):
+    """Stable identifiers. Never renumber or rename: users search for them."""
+
+    # Capture problems in the user's step or setup.
+    DDP_STREAM_MISMATCH = "DDP_STREAM_MISMATCH"
+    WARMUP_TOO_SHORT = "WARMUP_TOO_SHORT"
+    HOST_SYNC_IN_CAPTURE = "HOST_SYNC_IN_CAPTURE"
+    OPTIMIZER_NOT_CAPTURABLE = "OPTIMIZER_NOT_CAPTURABLE"
+    GRAD_SCALER_IN_CAPTURE = "GRAD_SCALER_IN_CAPTURE"
+    LR_BAKED_INTO_GRAPH = "LR_BAKED_INTO_GRAPH"
+    OPTIMIZER_STATE_REPLACED = "OPTIMIZER_STATE_REPLACED"
+    STATIC_INPUT_CHANGED = "STATIC_INPUT_CHANGED"
+    CAPTURE_RANKS_DISAGREE = "CAPTURE_RANKS_DISAGREE"
+    INPUT_SIGNATURE_CHANGED = "INPUT_SIGNATURE_CHANGED"
+    UNSUPPORTED_INPUT = "UNSUPPORTED_INPUT"
+    CAPTURE_FAILED = "CAPTURE_FAILED"
+    # The environment.
+    NO_CUDA = "NO_CUDA"
+    NCCL_TOO_OLD = "NCCL_TOO_OLD"
+    TORCH_TOO_OLD = "TORCH_TOO_OLD"
+    # Using the API.
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    STEP_CLOSED = "STEP_CLOSED"
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    title: str
+    meaning: str
+    fix: str
+
+
+# One line of meaning and the usual fix per code; findings add the specifics.
+CATALOG: dict[Code, CodeInfo] = {
+    Code.DDP_STREAM_MISMATCH: CodeInfo(
+        "DDP built on another stream than the capture",
+        "DDP keeps the AccumulateGrad nodes of the stream it was built on; backward then syncs "
+        "that stream with the capture stream, which invalidates the capture.",
+        "Build the model with `ddpgraph.prepare_ddp(model, ...)`, or build DDP inside "
+        "`with torch.cuda.stream(s):` and warm up and capture on that same side stream `s`.",
+    ),
+    Code.WARMUP_TOO_SHORT: CodeInfo(
+        "Too few DDP iterations before capture",
+        "DDP's reducer rebuilds its buckets on iteration 2 and synchronizes with the host to "
+        "record runtime statistics on iterations 1-10 and every 100th; capturing one of those "
+        "iterations fails.",
+        "Run at least 11 full DDP iterations (forward and backward) on the capture stream "
+        "before capturing, and do not capture on an iteration n with n % 100 in (0, 1).",
+    ),
+    Code.HOST_SYNC_IN_CAPTURE: CodeInfo(
+        "The host waits for the GPU inside the captured region",
+        "An operation that needs a result on the host (`.item()`, printing a tensor, `.cpu()`, "
+        "`nonzero`, `if tensor:`) cannot be recorded in a CUDA graph.",
+        "Move the operation out of the captured step, or keep the value on the device "
+        "(return the tensor and read it after the step).",
+    ),
+    Code.OPTIMIZER_NOT_CAPTURABLE: CodeInfo(
+        "The optimizer cannot run inside a CUDA graph",
+        "Its step reads values on the host or keeps state on the CPU.",
+        "Use Adam, AdamW, SGD or another torch optimizer that has `capturable=True`; "
+        "`ddpgraph.capture_step` switches it to graph-safe mode for you.",
+    ),
+    Code.GRAD_SCALER_IN_CAPTURE: CodeInfo(
+        "torch.amp.GradScaler inside the captured region",
+        "GradScaler reads the found-inf flag on the host in `step` and `update`.",
+        "Use bf16 autocast, which needs no loss scaling, or keep `scaler.step` / "
+        "`scaler.update` out of the captured region.",
+    ),
+    Code.LR_BAKED_INTO_GRAPH: CodeInfo(
+        "A hyper-parameter held as a Python number is frozen into the graph",
+        "A float learning rate (or momentum, weight decay, ...) is copied into the kernels "
+        "at capture; changing it afterwards has no effect on replays.",
+        "Hold the learning rate in a device tensor (`ddpgraph.graph_safe_optimizer` does "
+        "this), and step schedulers outside the captured function.",
+    ),
+    Code.OPTIMIZER_STATE_REPLACED: CodeInfo(
+        "State tensors replaced after capture",
+        "The graph reads and writes the tensors that existed at capture; `load_state_dict` "
+        "or assignment puts new tensors in their place, so replays use stale storage.",
+        "Load checkpoints before capture, or through `CapturedStep`, which copies loaded "
+        "values into the captured storage.",
+    ),
+    Code.STATIC_INPUT_CHANGED: CodeInfo(
+        "The graph's input tensors did not receive the new data",
+        "A replay reads the tensors captured as inputs; new data must be copied into them "
+        "with `copy_` before each replay, with the same shape.",
+        "Copy each batch into the static input tensors (`static_x.copy_(x)`) before "
+        "`replay()`, or let `ddpgraph.capture_step` do the copying.",
+    ),
+    Code.CAPTURE_RANKS_DISAGREE: CodeInfo(
+        "Ranks took different paths",
+        "Some ranks captured or replayed while others ran eagerly or failed; their "
+        "collectives no longer pair up, which hangs or corrupts the job.",
+        "Make the capture decision on all ranks together (`ddpgraph.capture_step` does).",
+    ),
+    Code.INPUT_SIGNATURE_CHANGED: CodeInfo(
+        "The step was called with inputs unlike the captured ones",
+        "A CUDA graph replays fixed shapes, dtypes and devices, and the non-tensor "
+        "arguments seen at capture.",
+        "Keep batches the same shape (for example `drop_last=True` in the DataLoader), or "
+        "accept the eager steps that ddpgraph runs for odd batches.",
+    ),
+    Code.UNSUPPORTED_INPUT: CodeInfo(
+        "An argument ddpgraph cannot look inside",
+        "Tensors hidden in an unknown object would not be copied into the graph's inputs, "
+        "so replays would read stale data.",
+        "Pass tensors, numbers, strings, or lists, tuples and dicts of them; unpack custom "
+        "batch objects, or register them with `torch.utils._pytree.register_pytree_node`.",
+    ),
+    Code.CAPTURE_FAILED: CodeInfo(
+        "Capture failed for a reason ddpgraph does not recognise",
+        "CUDA rejected an operation while the step was being recorded.",
+        "Run `ddpgraph doctor your_script.py` for a per-rank diagnosis, and report the "
+        "message if it names no cause.",
+    ),
+    Code.NO_CUDA: CodeInfo(
+        "No CUDA device for this step",
+        "CUDA graphs need a CUDA device; the step runs eagerly.",
+        "Run on a machine with an NVIDIA GPU and a CUDA build of PyTorch, with the model "
+        "on the GPU.",
+    ),
+    Code.NCCL_TOO_OLD: CodeInfo(
+        "NCCL is too old for collectives inside CUDA graphs",
+        "NCCL before 2.9.6 cannot be captured reliably.",
+        "Install a PyTorch build that ships a newer NCCL.",
+    ),
+    Code.TORCH_TOO_OLD: CodeInfo(
+        "PyTorch is too old",
+        "ddpgraph needs PyTorch 2.4 or newer for capturable optimizers with tensor "
+        "learning rates and for NCCL capture.",
+        "Upgrade PyTorch.",
+    ),
+    Code.INVALID_ARGUMENT: CodeInfo(
+        "Invalid argument",
+        "An argument to a ddpgraph function has a value it cannot use.",
+        "See the HINT of the message.",
+    ),
+    Code.STEP_CLOSED: CodeInfo(
+        "The captured step was closed",
+        "`close()` freed its graphs; it cannot run again.",
+        "Create a new step with `ddpgraph.capture_step`.",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Location:
+    """A place in the user's code."""
+
+    filename: str
+    lineno: int
+    source: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.filename}:{self.lineno}"
+        return f"{text}: `{self.source}`" if self.source else text
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosed problem: a stable code, what happened, where, and the fix.
+
+    `ranks` is empty when the finding is about this process only and was not
+    gathered from the other ranks.
+    """
+
+    code: Code
+    happened: str
+    fix: str = ""
+    subject: str = ""
+    location: Location | None = None
+    ranks: tuple[int, ...] = field(default=())
+
+    @property
+    def title(self) -> str:
+        return CATALOG[self.code].title
+
+    @property
+    def hint(self) -> str:
+        return self.fix or CATALOG[self.code].fix
+
+    def with_ranks(self, ranks: Iterable[int]) -> Finding:
+        return Finding(
+            self.code, self.happened, self.fix, self.subject, self.location, tuple(sorted(ranks))
+        )
+
+    def format(self) -> str:
+        """The one template: `[CODE] subject: what happened (where)` then `HINT: fix`."""
+        subject = self.subject or self.title
+        head = f"[{self.code.value}] {subject}: {self.happened}"
+        if self.location is not None:
+            head += f" (at {self.location})"
+        if self.ranks:
+            head += f" [rank{'s' if len(self.ranks) > 1 else ''} {format_ranks(self.ranks)}]"
+        return f"{head}\nHINT: {self.hint}"
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """`0-3,5` style, so a report for 64 ranks stays one line."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = prev = None
+    for r in ordered:
+        if start is None:
+            start = prev = r
+        elif prev is not None and r == prev + 1:
+            prev = r
+        else:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = r
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(parts)
+
+
+def merge_by_code(per_rank: Iterable[tuple[int, Finding]]) -> list[Finding]:
+    """Group the same finding seen on several ranks into one finding listing them.
+
+    Findings are the same when code, message and location agree; the first seen
+    keeps its place, so the report order follows rank 0's order.
+    """
+    groups: dict[tuple[Code, str, Location | None], tuple[Finding, list[int]]] = {}
+    for rank, finding in per_rank:
+        key = (finding.code, finding.happened, finding.location)
+        if key in groups:
+            groups[key][1].append(rank)
+        else:
+            groups[key] = (finding, [rank])
+    return [f.with_ranks(ranks) for f, ranks in groups.values()]

@@ -1,0 +1,49 @@
+"""Starting the workers of a ddpgraph command through torchrun.
+
+`ddpgraph demo` (and the other commands) work two ways: under `torchrun`, where each
+process is one worker, and as a plain command, which starts `torchrun` itself with one
+process per GPU (or two CPU processes) and waits for it. torchrun stays the launcher
+and does the rendezvous; nothing here replaces it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from .distributed import launched_by_torchrun
+
+__all__ = ["default_nproc", "launched_by_torchrun", "torchrun_command", "run_under_torchrun"]
+
+
+def default_nproc() -> int:
+    """One process per visible GPU, or two CPU processes (gloo) without CUDA."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def torchrun_command(module_args: Sequence[str], nproc: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "ddpgraph",
+        *module_args,
+    ]
+
+
+def run_under_torchrun(module_args: Sequence[str], nproc: int | None = None) -> int:
+    """Run `python -m ddpgraph <module_args>` in `nproc` torchrun workers; return the exit code."""
+    n = nproc or default_nproc()
+    env = dict(os.environ)
+    # Two CPU workers on a small machine fight over cores with PyTorch's default threads.
+    if not torch.cuda.is_available():
+        env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return subprocess.call(torchrun_command(module_args, n), env=env)

@@ -1,0 +1,64 @@
+"""Runs named scenarios inside torchrun workers and writes each rank's results as JSON.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        tests/scenarios/cpu_core.py --out DIR name1 name2 ...
+
+A scenario is a function taking `DistInfo` and returning a JSON-able dict. An exception
+is recorded as {"error": traceback} and the next scenario still runs, after a barrier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddpgraph.distributed import DistInfo, init_distributed
+
+Scenario = Callable[[DistInfo], dict[str, Any]]
+
+
+def run(registry: dict[str, Scenario]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("names", nargs="*")
+    args = parser.parse_args()
+    info = init_distributed(timeout_s=float(os.environ.get("DDPGRAPH_TEST_PG_TIMEOUT", "120")))
+    os.makedirs(args.out, exist_ok=True)
+    for name in args.names or list(registry):
+        try:
+            result = registry[name](info)
+        except Exception:
+            result = {"error": traceback.format_exc()}
+        result["rank"] = info.rank
+        result["world_size"] = info.world_size
+        with open(os.path.join(args.out, f"{name}.rank{info.rank}.json"), "w") as fh:
+            json.dump(result, fh, indent=1, default=str)
+        if info.device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """max over tensors of max|a-b| / max|a| (0 when equal)."""
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        x, y = x.detach().double().cpu(), y.detach().double().cpu()
+        scale = float(x.abs().max()) or 1.0
+        worst = max(worst, float((x - y).abs().max()) / scale)
+    return worst
+
+
+def params_of(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def loss_rel_diff(a: list[float], b: list[float]) -> float:
+    return max((abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b, strict=True)), default=0.0)
