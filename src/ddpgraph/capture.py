@@ -117,6 +117,7 @@ class CapturedStep(Generic[R]):
         self._guards: list[HyperparamGuard] = []
         self._captured_state: list[dict[Any, dict[str, Any]]] = []
         self._captured_params: list[nn.Parameter] = []
+        self._captured_training = True
         self._probed = False
         self._warned_input_change = False
         self._hooks: list[Any] = []
@@ -364,6 +365,8 @@ class CapturedStep(Generic[R]):
         assert self._signature is not None
         if not self._signature.matches(leaves, spec):
             return self._changed_input(args, kwargs, leaves, spec)
+        if self._model.training is not self._captured_training:
+            return self._changed_mode(leaves, spec)
         for guard in self._guards:
             changes = guard.check()
             if any(not c.applied for c in changes):
@@ -393,6 +396,21 @@ class CapturedStep(Generic[R]):
             subject="`CapturedStep` call",
             ranks=(current_rank(),),
         )
+        return self._eager_instead(finding, leaves, spec)
+
+    def _changed_mode(self, leaves: list[Any], spec: Any) -> R:
+        captured = "train" if self._captured_training else "eval"
+        now = "train" if self._model.training else "eval"
+        finding = Finding(
+            Code.MODEL_MODE_CHANGED,
+            f"the step was captured with the model in {captured} mode and is called in {now} mode",
+            subject="`CapturedStep` call",
+            ranks=(current_rank(),),
+        )
+        return self._eager_instead(finding, leaves, spec)
+
+    def _eager_instead(self, finding: Finding, leaves: list[Any], spec: Any) -> R:
+        """One call the graph cannot serve runs eagerly; the graph stays for later calls."""
         if self._on_input_change == "raise":
             raise DdpGraphError(finding)
         self.stats.input_changes += 1
@@ -400,8 +418,8 @@ class CapturedStep(Generic[R]):
         if not self._warned_input_change:
             self._warned_input_change = True
             warnings.warn(
-                f"{finding.format()}\nThis step runs eagerly, and so will later calls with "
-                "changed inputs (warned once).",
+                f"{finding.format()}\nThis step runs eagerly, and so will later calls that "
+                "the graph cannot serve (warned once).",
                 DdpGraphWarning,
                 stacklevel=4,
             )
@@ -456,6 +474,7 @@ class CapturedStep(Generic[R]):
             {p: dict(s) for p, s in opt.state.items()} for opt in self._optimizers
         ]
         self._captured_params = list(self._model.parameters())
+        self._captured_training = self._model.training
 
     def _install_load_hooks(self) -> None:
         for opt in self._optimizers:

@@ -145,8 +145,10 @@ def _eager_default(name, info, workload, options, batches, steps, tick):  # type
 
 
 def _eager_graph_safe(name, info, workload, options, batches, steps, tick):  # type: ignore[no-untyped-def]
+    # Plain DDP on the default stream: a model from prepare_ddp belongs to the capture
+    # stream, and training it on another stream is what capture_step avoids.
     model = _model(info, workload)
-    ddp = prepare_ddp(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+    ddp = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
     opt = graph_safe_optimizer(torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(steps))
     step = make_train_step(ddp, opt, workload.loss, options)

@@ -28,6 +28,7 @@ class Code(str, enum.Enum):
     CAPTURE_RANKS_DISAGREE = "CAPTURE_RANKS_DISAGREE"
     INPUT_SIGNATURE_CHANGED = "INPUT_SIGNATURE_CHANGED"
     UNSUPPORTED_INPUT = "UNSUPPORTED_INPUT"
+    MODEL_MODE_CHANGED = "MODEL_MODE_CHANGED"
     CAPTURE_FAILED = "CAPTURE_FAILED"
     # The environment.
     NO_CUDA = "NO_CUDA"
@@ -121,6 +122,12 @@ CATALOG: dict[Code, CodeInfo] = {
         "so replays would read stale data.",
         "Pass tensors, numbers, strings, or lists, tuples and dicts of them; unpack custom "
         "batch objects, or register them with `torch.utils._pytree.register_pytree_node`.",
+    ),
+    Code.MODEL_MODE_CHANGED: CodeInfo(
+        "The model's train/eval mode differs from the captured one",
+        "A graph replays the kernels of the mode it was recorded in: dropout and "
+        "BatchNorm statistics updates in train mode, none in eval mode.",
+        "Call `model.train()` again after evaluation, before the next training step.",
     ),
     Code.CAPTURE_FAILED: CodeInfo(
         "Capture failed for a reason ddpgraph does not recognise",

@@ -1,0 +1,67 @@
+"""Fixtures shared by every test directory.
+
+`process_group` gives a test a one-process gloo group, made once per session (DDP
+construction needs one); the autouse fixture destroys any other group a test leaves
+initialised, and the session ends with no group at all.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ddpgraph
+
+# The group `process_group` made; any other initialised group was left by a test.
+_owned: list[object] = []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _world() -> object:
+    return dist.group.WORLD
+
+
+@pytest.fixture
+def process_group() -> ddpgraph.DistInfo:
+    """A one-process gloo default group (rank 0 of 1), shared by the tests that ask."""
+    if not dist.is_initialized():
+        # init_distributed fills in torchrun's variables when they are missing; they are
+        # only read while the group is made, and must not reach subprocesses that later
+        # tests start (a child would think it is a torchrun worker).
+        with pytest.MonkeyPatch.context() as env:
+            for name, value in {
+                "RANK": "0",
+                "WORLD_SIZE": "1",
+                "LOCAL_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()),
+            }.items():
+                env.setenv(name, value)
+            ddpgraph.init_distributed(force_cpu=True, timeout_s=60)
+        _owned[:] = [_world()]
+    assert dist.get_world_size() == 1
+    return ddpgraph.DistInfo(dist.get_rank(), 1, 0, torch.device("cpu"), "gloo")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_process_group() -> Iterator[None]:
+    yield
+    if dist.is_initialized() and (not _owned or _world() is not _owned[0]):
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _destroy_process_group_at_exit() -> Iterator[None]:
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _owned.clear()
