@@ -7,7 +7,6 @@ initialised, and the session ends with no group at all.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -15,15 +14,10 @@ import torch
 import torch.distributed as dist
 
 import ddpgraph
+from launcher import free_port
 
 # The group `process_group` made; any other initialised group was left by a test.
 _owned: list[object] = []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _world() -> object:

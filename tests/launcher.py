@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,20 @@ def torchrun_env() -> dict[str, str]:
     return env
 
 
+def torchrun_command(launch: list[str], script: str, out: Path, names: list[str]) -> list[str]:
+    """`python -m torch.distributed.run <launch> <script> --out <out> <names>`."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *launch,
+        str(SCENARIOS / script),
+        "--out",
+        str(out),
+        *names,
+    ]
+
+
 def run_scenarios(
     script: str,
     names: list[str],
@@ -33,18 +50,9 @@ def run_scenarios(
     extra_args: list[str] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run `names` from `script` in `nproc` workers; return {name: [rank0, rank1, ...]}."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        *(extra_args or []),
-        str(SCENARIOS / script),
-        "--out",
-        str(out),
-        *names,
-    ]
+    cmd = torchrun_command(
+        ["--standalone", f"--nproc_per_node={nproc}", *(extra_args or [])], script, out, names
+    )
     proc = subprocess.run(
         cmd, env=torchrun_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -75,3 +83,63 @@ def ok(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "error" in r:
             raise AssertionError(r["error"])
     return results
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_scenarios_multinode(
+    script: str,
+    names: list[str],
+    out: Path,
+    *,
+    nnodes: int = 2,
+    nproc_per_node: int = 1,
+    timeout: float = 600,
+) -> dict[str, list[dict[str, Any]]]:
+    """Run `names` as a job of `nnodes` torchrun agents on this machine, one agent per
+    "node", meeting through torchrun's c10d rendezvous as separate hosts would.
+
+    Returns {name: [rank0, rank1, ...]} over all nnodes * nproc_per_node ranks.
+    """
+    endpoint = f"127.0.0.1:{free_port()}"
+    rdzv_id = f"ddpgraph-test-{uuid.uuid4().hex[:12]}"
+    procs = []
+    for node in range(nnodes):
+        launch = [
+            f"--nnodes={nnodes}",
+            f"--node-rank={node}",
+            f"--nproc-per-node={nproc_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={rdzv_id}",
+            "--local-addr=127.0.0.1",
+        ]
+        cmd = torchrun_command(launch, script, out, names)
+        procs.append(
+            subprocess.Popen(
+                cmd, env=torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    deadline = time.monotonic() + timeout
+    logs = []
+    for node, proc in enumerate(procs):
+        try:
+            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            stderr += f"\n(node {node} killed after {timeout} s)"
+        logs.append((stdout, stderr))
+    for node, (stdout, stderr) in enumerate(logs):
+        (out / f"torchrun.node{node}.log").write_text(stdout + "\n--- stderr ---\n" + stderr)
+    merged = subprocess.CompletedProcess(
+        [],
+        max(p.returncode for p in procs),
+        "".join(o for o, _ in logs),
+        "".join(e for _, e in logs),
+    )
+    return collect(out, names, nnodes * nproc_per_node, merged)

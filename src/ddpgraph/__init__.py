@@ -7,19 +7,27 @@
         loss = step(x, y)   # eager warm-up, one capture, then replays
 """
 
+from .accumulate import accumulate, split_batch
+from .amp import GraphSafeGradScaler, ScalerStats, ScalerTensors
 from .backends import CaptureError, CudaGraphBackend, GraphBackend, PassThroughBackend
 from .capture import CapturedStep, StepState, StepStats, capture_step
+from .checkpoint import load_training_state, training_state
 from .ddp import prepare_ddp
 from .distributed import DistInfo, init_distributed
 from .errors import DdpGraphError, DdpGraphUsageError, DdpGraphWarning
+from .evaluation import CapturedEval, capture_eval
 from .findings import CATALOG, Code, Finding, Location
+from .monitor import NonFiniteMonitor, StepValues
 from .optim import graph_safe_optimizer
+from .partial import PartialReport, graph_submodules, partial_report, ungraph_submodules
+from .strategies import SelectionReport, StrategyName, TrainStep, TrialSettings, make_step
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CATALOG",
     "CaptureError",
+    "CapturedEval",
     "CapturedStep",
     "Code",
     "CudaGraphBackend",
@@ -29,13 +37,32 @@ __all__ = [
     "DistInfo",
     "Finding",
     "GraphBackend",
+    "GraphSafeGradScaler",
     "Location",
+    "NonFiniteMonitor",
+    "PartialReport",
     "PassThroughBackend",
+    "ScalerStats",
+    "ScalerTensors",
+    "SelectionReport",
     "StepState",
     "StepStats",
+    "StepValues",
+    "StrategyName",
+    "TrainStep",
+    "TrialSettings",
     "__version__",
+    "accumulate",
+    "capture_eval",
     "capture_step",
     "graph_safe_optimizer",
+    "graph_submodules",
     "init_distributed",
+    "load_training_state",
+    "make_step",
+    "partial_report",
     "prepare_ddp",
+    "split_batch",
+    "training_state",
+    "ungraph_submodules",
 ]

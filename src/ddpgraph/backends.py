@@ -9,13 +9,15 @@ own CI tests it, and how users can test their training loop without a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
 from torch.utils._pytree import tree_leaves
 
 from .distributed import current_rank
+from .rng import register_generators
 
 
 class CaptureError(Exception):
@@ -45,7 +47,12 @@ class GraphBackend(Protocol):
     executes_during_capture: bool
 
     def capture(
-        self, fn: Callable[[], Any], *, stream: torch.cuda.Stream | None, pool: Any
+        self,
+        fn: Callable[[], Any],
+        *,
+        stream: torch.cuda.Stream | None,
+        pool: Any,
+        generators: Sequence[torch.Generator] = (),
     ) -> CapturedGraph: ...
 
 
@@ -69,7 +76,12 @@ class CudaGraphBackend:
     executes_during_capture = False
 
     def capture(
-        self, fn: Callable[[], Any], *, stream: torch.cuda.Stream | None, pool: Any
+        self,
+        fn: Callable[[], Any],
+        *,
+        stream: torch.cuda.Stream | None,
+        pool: Any,
+        generators: Sequence[torch.Generator] = (),
     ) -> CapturedGraph:
         if stream is None:
             raise ValueError("CUDA graphs are captured on a side stream; got None")
@@ -85,6 +97,10 @@ class CudaGraphBackend:
         stream.wait_stream(caller)
         with torch.cuda.stream(stream):
             try:
+                # Generators other than the default one follow replays only if registered
+                # before recording, on the device where their replay state is allocated.
+                with torch.cuda.device(stream.device):
+                    register_generators(graph, generators)
                 graph.capture_begin(pool=pool, capture_error_mode="global")
             except BaseException as exc:  # capture never started: nothing to end
                 raise CaptureError(exc) from exc
@@ -101,18 +117,16 @@ class CudaGraphBackend:
                     end_error = exc
         caller.wait_stream(stream)
         if cause is not None or end_error is not None:
-            _settle_after_failed_capture(stream.device)
+            settle_after_failed_capture(stream.device)
             raise CaptureError(cause, end_error)
         return _CudaGraph(graph, outputs)
 
 
-def _settle_after_failed_capture(device: torch.device) -> None:
+def settle_after_failed_capture(device: torch.device) -> None:
     # An invalidated capture is not a sticky CUDA error; a synchronize makes sure the
     # device is usable before eager steps run, and surfaces anything that is.
-    try:
+    with contextlib.suppress(RuntimeError):
         torch.cuda.synchronize(device)
-    except RuntimeError:
-        pass
 
 
 class _PassThroughGraph:
@@ -151,8 +165,14 @@ class PassThroughBackend:
         self.captures = 0
 
     def capture(
-        self, fn: Callable[[], Any], *, stream: torch.cuda.Stream | None, pool: Any
+        self,
+        fn: Callable[[], Any],
+        *,
+        stream: torch.cuda.Stream | None,
+        pool: Any,
+        generators: Sequence[torch.Generator] = (),
     ) -> CapturedGraph:
+        # Running the step draws from `generators` for real; `capture_step` puts them back.
         self.capturing = True
         try:
             outputs = fn()

@@ -30,7 +30,8 @@ from torch.utils._pytree import tree_map
 
 from . import ddp as ddp_tools
 from .agreement import Decision, Outcome, agree
-from .backends import CaptureError, CapturedGraph, CudaGraphBackend, GraphBackend
+from .amp import GraphSafeGradScaler
+from .backends import CapturedGraph, CaptureError, CudaGraphBackend, GraphBackend
 from .diagnose import finding_from_capture_error
 from .distributed import current_rank
 from .errors import DdpGraphError, DdpGraphUsageError, DdpGraphWarning, usage_error
@@ -44,8 +45,9 @@ from .inputs import (
     stage_leaves,
     unflatten_call,
 )
-from .optim import HyperparamGuard, baked_finding, graph_safe_optimizer
+from .optim import HyperparamGuard, TensorHyperparams, baked_finding, graph_safe_optimizer
 from .probe import host_sync_probe
+from .rng import generators_refusal, keep_states
 from .snapshot import TrainingSnapshot
 from .streams import hand_over, on_stream
 from .warmup import MIN_WARMUP_ITERATIONS, default_warmup_steps, steps_until_capturable
@@ -96,8 +98,12 @@ class CapturedStep(Generic[R]):
         stream: torch.cuda.Stream | None,
         pool: Any,
         backend: GraphBackend | None,
+        generators: Sequence[torch.Generator] = (),
+        scaler: GraphSafeGradScaler | None = None,
     ) -> None:
         self._fn = fn
+        self._generators = list(generators)
+        self._scaler = scaler
         self._model = model
         self._optimizers = list(optimizers)
         self._on_failure = on_failure
@@ -118,15 +124,23 @@ class CapturedStep(Generic[R]):
         self._captured_state: list[dict[Any, dict[str, Any]]] = []
         self._captured_params: list[nn.Parameter] = []
         self._captured_training = True
+        self._captured_forward_sync = True
+        self._captured_buffer_sync = False
         self._probed = False
         self._warned_input_change = False
         self._hooks: list[Any] = []
+        self._tensor_lrs: list[TensorHyperparams] = []
 
-        refusal = self._choose_backend(backend, stream)
-        if refusal is None and self._backend is not None:
-            refusal = self._make_optimizers_graph_safe()
+        # Arguments are checked before anything (the optimizer) is changed.
         forwards = self._counter.count if self._counter else 0
         self._capture_after = self._validate_warmup(warmup_steps, forwards)
+        refusal = self._choose_backend(backend, stream)
+        if refusal is None and self._backend is not None:
+            refusal = generators_refusal(
+                self._generators, self._device, isinstance(self._backend, CudaGraphBackend)
+            )
+        if refusal is None and self._backend is not None:
+            refusal = self._make_optimizers_graph_safe()
         # Ranks that refuse here would never reach the probe's collective, so the
         # refusal itself is agreed on.
         decision = agree(
@@ -155,6 +169,11 @@ class CapturedStep(Generic[R]):
         return list(self._findings)
 
     @property
+    def pool(self) -> Any:
+        """The graph memory pool handle this step captures into (None: a private one)."""
+        return self._pool
+
+    @property
     def backend_name(self) -> str:
         return self._backend.name if self._backend is not None else "eager"
 
@@ -172,7 +191,13 @@ class CapturedStep(Generic[R]):
             return self._run_eager(leaves, spec)
         if self.stats.warmup_steps == 0:
             check_supported(args, kwargs)
-        if self._probed and self.stats.warmup_steps >= self._capture_after:
+        for kept in self._tensor_lrs:
+            kept.restore()
+        if (
+            self._probed
+            and self.stats.warmup_steps >= self._capture_after
+            and not ddp_tools.buffer_sync_skipped(self._model)
+        ):
             return self._capture(args, kwargs, leaves, spec)
         return self._warmup(leaves, spec)
 
@@ -245,6 +270,7 @@ class CapturedStep(Generic[R]):
                 graph_safe_optimizer(opt, tensor_lr_on_cpu=self._device.type == "cpu")
             except DdpGraphError as err:
                 return err.finding
+        self._tensor_lrs = [TensorHyperparams(opt) for opt in self._optimizers]
         return None
 
     def _validate_warmup(self, warmup_steps: int | None, forwards: int) -> int:
@@ -314,28 +340,46 @@ class CapturedStep(Generic[R]):
 
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         assert self._backend is not None
+        buffer_sync = ddp_tools.will_sync_buffers(self._model)
         signature = Signature(leaves, spec, leaf_paths(args, kwargs))
         static = StaticInputs(leaves, spec, self._device)
         snapshot = TrainingSnapshot([self._model], self._optimizers)
         static_args, static_kwargs = static.call_args()
         graph: CapturedGraph | None = None
+        # What the recording may change besides model and optimizer: put back after a
+        # stand-in recording (which runs the step) or a failed one.
+        undo = [keep_states(self._generators)] + ([self._scaler._snapshot()] if self._scaler else [])
+        extra = {"generators": self._generators} if self._generators else {}
         start = time.perf_counter()
-        # Warnings raised while recording tell some causes apart (DDP's stream warning);
-        # they are collected, then shown as usual.
+        # Warnings raised while recording tell some causes apart (DDP's stream warning; the
+        # host syncs that sync debug mode reports, which CUDA reports only as an invalidated
+        # capture). The probe covers the step alone, not ddpgraph's own capture setup.
+        syncs: list[Any] = []
+
+        def record() -> Any:
+            with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe:
+                try:
+                    return self._fn(*static_args, **static_kwargs)
+                finally:
+                    syncs.extend(probe.events)
+
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 graph = self._backend.capture(
-                    lambda: self._fn(*static_args, **static_kwargs),
+                    record,
                     stream=self._stream,
                     pool=self._pool,
+                    **extra,
                 )
                 outcome = Outcome(current_rank(), True)
             except CaptureError as err:
                 outcome = Outcome(
                     current_rank(),
                     False,
-                    [finding_from_capture_error(err, [str(w.message) for w in caught])],
+                    [
+                        finding_from_capture_error(err, [str(w.message) for w in caught], syncs)
+                    ],
                     reducer_needs_reset=not ddp_tools.reducer_finalized(self._model),
                 )
         for w in caught:
@@ -344,11 +388,14 @@ class CapturedStep(Generic[R]):
         decision = agree(outcome, self._group, self._device)
         if decision.ok and graph is not None:
             self._graph, self._static, self._signature = graph, static, signature
+            self._captured_buffer_sync = buffer_sync
             self._state = StepState.CAPTURED
             self.stats.captures += 1
             self.stats.capture_seconds = elapsed
             if self._backend.executes_during_capture:
                 snapshot.restore(rng=True)
+                for put_back in undo:
+                    put_back()
             self._remember_captured_state()
             log.info("captured the training step in %.3f s on rank %d", elapsed, current_rank())
             return self._replay_now(leaves)
@@ -357,6 +404,8 @@ class CapturedStep(Generic[R]):
         if decision.reducer_needs_reset:
             ddp_tools.reset_reducer(self._model)
         snapshot.restore(rng=True, cuda_rng=True)
+        for put_back in undo:
+            put_back()
         self._give_up(self._summarise(decision))
         self.stats.eager_steps += 1
         return self._run_eager(leaves, spec)
@@ -367,6 +416,11 @@ class CapturedStep(Generic[R]):
             return self._changed_input(args, kwargs, leaves, spec)
         if self._model.training is not self._captured_training:
             return self._changed_mode(leaves, spec)
+        if ddp_tools.will_sync_buffers(self._model) is not self._captured_buffer_sync:
+            # The first step after an eval forward: eager DDP skips its buffer broadcast
+            # there, the graph would not. Expected, so counted but not warned about.
+            self.stats.eager_steps += 1
+            return self._run_eager(leaves, spec)
         for guard in self._guards:
             changes = guard.check()
             if any(not c.applied for c in changes):
@@ -380,6 +434,11 @@ class CapturedStep(Generic[R]):
         assert self._static is not None and self._graph is not None
         self._static.copy_in(leaves)
         self._graph.replay()
+        if isinstance(self._model, DDP):
+            # A replay runs no Python. DDP's forward leaves this flag set, and it decides
+            # whether the next forward broadcasts buffers; an eval forward in between
+            # clears it, which would make that eval skip the broadcast eager training does.
+            self._model.require_forward_param_sync = self._captured_forward_sync
         self.stats.replays += 1
         outputs = self._graph.outputs
         if self._clone_outputs:
@@ -475,6 +534,7 @@ class CapturedStep(Generic[R]):
         ]
         self._captured_params = list(self._model.parameters())
         self._captured_training = self._model.training
+        self._captured_forward_sync = bool(getattr(self._model, "require_forward_param_sync", True))
 
     def _install_load_hooks(self) -> None:
         for opt in self._optimizers:
@@ -613,6 +673,8 @@ def capture_step(
     stream: torch.cuda.Stream | None = None,
     pool: Any = None,
     backend: GraphBackend | None = None,
+    generators: Sequence[torch.Generator] = (),
+    scaler: GraphSafeGradScaler | None = None,
 ) -> CapturedStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
     it does on the GPU) as one CUDA graph, and replay it on later calls.
@@ -656,6 +718,11 @@ def capture_step(
             graphs that never run concurrently with this one.
         backend: the graph backend; None picks CUDA graphs when the model is on a GPU.
             `ddpgraph.PassThroughBackend()` runs the whole state machine on CPU.
+        generators: `torch.Generator` objects the step draws from besides the default
+            one (`torch.randn(..., generator=g)`): registered with the graph, so that each
+            replay draws fresh numbers from them and advances them as eager steps would.
+        scaler: the `ddpgraph.GraphSafeGradScaler` the step uses, so that a failed (or
+            stand-in) recording leaves its state as eager training would.
 
     Without CUDA (or with the model on CPU) the step runs eagerly and `reason` has code
     NO_CUDA. Use `close()` or a `with` block to free the graph before the process group.
@@ -668,7 +735,7 @@ def capture_step(
             f"expected a torch.nn.Module, got {type(model).__name__}",
             "pass the DDP model the step trains (from `ddpgraph.prepare_ddp`)",
         )
-    optimizers = _as_optimizers(optimizer)
+    optimizers = as_optimizers(optimizer)
     for name, value in (("on_failure", on_failure), ("on_input_change", on_input_change)):
         if value not in ("eager", "raise"):
             raise usage_error(
@@ -676,6 +743,17 @@ def capture_step(
                 f"expected 'eager' or 'raise', got {value!r}",
                 f"use {name}='eager' to keep training eagerly or {name}='raise' to stop",
             )
+    if scaler is not None and not isinstance(scaler, GraphSafeGradScaler):
+        raise DdpGraphUsageError(
+            Finding(
+                Code.GRAD_SCALER_IN_CAPTURE,
+                f"expected a ddpgraph.GraphSafeGradScaler, got {type(scaler).__name__}, which "
+                "reads its found-inf flag on the host in `step` and `update`",
+                "use `ddpgraph.GraphSafeGradScaler()`: the same arguments and methods, "
+                "decided on the device",
+                subject="`capture_step(scaler=...)`",
+            )
+        )
     if stream is not None and not isinstance(stream, torch.cuda.Stream):
         raise usage_error(
             "`capture_step(stream=...)`",
@@ -693,18 +771,22 @@ def capture_step(
         stream=stream,
         pool=pool,
         backend=backend,
+        generators=list(generators),
+        scaler=scaler,
     )
 
 
-def _as_optimizers(optimizer: Optimizer | Sequence[Optimizer] | None) -> list[Optimizer]:
+def as_optimizers(optimizer: Optimizer | Sequence[Optimizer] | None) -> list[Optimizer]:
     if optimizer is None:
         return []
-    items = [optimizer] if isinstance(optimizer, Optimizer) else list(optimizer)
-    for item in items:
+    given: list[Any] = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    items: list[Optimizer] = []
+    for item in given:
         if not isinstance(item, Optimizer):
             raise usage_error(
                 "`capture_step(optimizer=...)`",
                 f"expected a torch.optim.Optimizer or a list of them, got {type(item).__name__}",
                 "pass the optimizer(s) the step function calls `.step()` on",
             )
+        items.append(item)
     return items

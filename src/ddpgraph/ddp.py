@@ -91,10 +91,10 @@ def prepare_ddp(model: nn.Module, **ddp_kwargs: Any) -> DDP:
 
 def model_device(model: nn.Module) -> torch.device:
     """The device of the model's first parameter (or buffer); CPU for a model with neither."""
-    for tensor in model.parameters():
-        return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
+    for param in model.parameters():
+        return param.device
+    for buffer in model.buffers():
+        return buffer.device
     return torch.device("cpu")
 
 
@@ -154,4 +154,25 @@ def reset_reducer(model: nn.Module) -> None:
     reset = getattr(reducer, "_reset_state", None)
     if reset is not None:
         reset()
-        model._has_rebuilt_buckets = False
+        if isinstance(model, DDP):
+            model._has_rebuilt_buckets = False  # DDP's own flag; mirrors the reducer
+
+
+def will_sync_buffers(model: nn.Module) -> bool:
+    """Whether DDP's next forward broadcasts the module buffers from rank 0.
+
+    DDP skips that broadcast in the first forward after one that will not sync gradients
+    (an eval forward under `no_grad`, a `no_sync` micro-batch): a graph recorded with the
+    broadcast must not replay in its place.
+    """
+    return isinstance(model, DDP) and bool(model.will_sync_module_buffers())
+
+
+def buffer_sync_skipped(model: nn.Module) -> bool:
+    """True when DDP's next forward will skip a buffer broadcast it normally does, because
+    the previous forward was a `no_grad` one. Capture waits one step then: a graph recorded
+    without the broadcast would never broadcast again."""
+    if not isinstance(model, DDP) or will_sync_buffers(model):
+        return False
+    syncs = getattr(model, "forward_sync_buffers", getattr(model, "broadcast_buffers", False))
+    return bool(syncs) and len(getattr(model, "modules_buffers", [])) > 0

@@ -149,8 +149,12 @@ def _eager_graph_safe(name, info, workload, options, batches, steps, tick):  # t
     # stream, and training it on another stream is what capture_step avoids.
     model = _model(info, workload)
     ddp = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
-    opt = graph_safe_optimizer(torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01))
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(steps))
+    # Converted after the scheduler exists, as capture_step converts in the captured run:
+    # a scheduler built before computes learning rates in float64, one built after in
+    # float32, and the two differ in the last bit.
+    graph_safe_optimizer(opt)
     step = make_train_step(ddp, opt, workload.loss, options)
     return _loop(name, step, sched, ddp, info, batches, steps, tick)
 

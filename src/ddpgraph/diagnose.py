@@ -1,21 +1,36 @@
-"""Naming the cause of a failed capture from the error and the warnings it produced.
+"""Naming the cause of a failed capture from what was seen while it was being recorded.
 
 CUDA reports most capture failures with the same message, "operation failed due to a
-previous error during capture". The first error raised while recording, its Python
-stack, and the warnings seen while recording say which mistake it was. `ddpgraph
-doctor` uses the same rules on users' own scripts.
+previous error during capture", raised when the recording is closed. The evidence that
+tells the causes apart is elsewhere:
+
+* the errors raised while recording, earliest first, each with its Python stack
+  (the one raised by `capture_end` carries the earlier one as its `__context__`);
+* the warnings PyTorch raised meanwhile (DDP's gradient accumulators on another
+  stream: "The AccumulateGrad node's stream does not match ...");
+* the host synchronisations seen by the sync probe, each with its stack.
+
+Evidence that names one cause (a synchronisation with its line, the optimizer's
+"capturable is False", the stream warning) is *specific*; an error that only says
+the capture broke is *generic* and is reported only when nothing specific was seen.
+`capture_step` and `ddpgraph doctor` both use these rules.
 """
 
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from .backends import CaptureError
-from .findings import Code, Finding
-from .probe import classify, location_of, user_frame
+from .findings import Code, Finding, Location
+from .probe import SyncEvent, classify, location_of, user_frame
 
-_STREAM_WARNING = "AccumulateGrad node's stream does not match"
+STREAM_WARNING = "AccumulateGrad node's stream does not match"
+# Newer PyTorch raises this from backward instead of letting the capture break.
+_STALE_STREAM = "stale reference to the default stream"
+# The legacy default stream was pulled into the capture (DDP built on it).
+_LEGACY_STREAM = "legacy stream depend on a capturing"
 _CAPTURE_UNSUPPORTED = (
     "operation not permitted when stream is capturing",
     "cudaErrorStreamCaptureUnsupported",
@@ -26,41 +41,141 @@ _CAPTURE_INVALIDATED = (
 )
 
 
+_UNREGISTERED_GENERATOR = "Attempt to increase offset for a CUDA generator not in capture mode"
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    finding: Finding
+    specific: bool
+
+
+def error_chain(error: BaseException) -> list[BaseException]:
+    """`error` and the errors it was raised while handling, earliest first."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not e for e in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain[::-1]
+
+
+def error_location(error: BaseException) -> Location | None:
+    """The user's line in the stack the error was raised through."""
+    stack = traceback.extract_tb(error.__traceback__) if error.__traceback__ else []
+    return location_of(user_frame(stack))
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    head = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {head}" if head else type(error).__name__
+
+
+def _stream_finding(why: str, where: Location | None) -> Finding:
+    return Finding(
+        Code.DDP_STREAM_MISMATCH,
+        f"backward synchronised the stream DDP was built on with the capture stream ({why})",
+        location=where,
+    )
+
+
+def _from_error(error: BaseException) -> _Candidate:
+    text = f"{type(error).__name__}: {error}"
+    where = error_location(error)
+    head = first_line(error)
+    if _STALE_STREAM in text or _LEGACY_STREAM in text:
+        return _Candidate(_stream_finding(f"PyTorch raised: {head}", where), True)
+    if "capturable" in text and ("False" in text or "capturable=True" in text):
+        return _Candidate(Finding(Code.OPTIMIZER_NOT_CAPTURABLE, head, location=where), True)
+    if _UNREGISTERED_GENERATOR in text:
+        return _Candidate(
+            Finding(
+                Code.CAPTURE_FAILED,
+                f"the step draws from a torch.Generator not registered with the graph ({head})",
+                "pass it to `capture_step(..., generators=[g])`, or to "
+                "`graph.register_generator_state(g)` before capturing by hand",
+                location=where,
+            ),
+            True,
+        )
+    if any(marker in text for marker in _CAPTURE_UNSUPPORTED):
+        stack = traceback.extract_tb(error.__traceback__) if error.__traceback__ else []
+        by_stack = classify(stack, during_capture=True)
+        if by_stack is not None and by_stack.code is not Code.HOST_SYNC_IN_CAPTURE:
+            return _Candidate(by_stack, True)
+        what = (
+            f"`{where.source}` needs the host to wait for the GPU"
+            if where and where.source
+            else "an operation needs the host to wait for the GPU"
+        )
+        # CUDA raises this for any operation it cannot record, not only host waits.
+        return _Candidate(Finding(Code.HOST_SYNC_IN_CAPTURE, what, location=where), False)
+    if any(marker in text for marker in _CAPTURE_INVALIDATED):
+        return _Candidate(
+            Finding(Code.CAPTURE_FAILED, f"CUDA invalidated the capture: {head}", location=where),
+            False,
+        )
+    return _Candidate(Finding(Code.CAPTURE_FAILED, head, location=where), False)
+
+
+def capture_findings(
+    errors: Iterable[BaseException],
+    warnings_seen: Iterable[str] = (),
+    syncs: Sequence[SyncEvent] = (),
+    *,
+    known: Sequence[Finding] = (),
+) -> list[Finding]:
+    """Every cause the evidence of one failed capture names, most specific first.
+
+    `errors` are the errors raised while recording (each is expanded to the chain it
+    was raised in); `warnings_seen` the warning texts; `syncs` the probe's events;
+    `known` the specific findings the caller established by its own means (they come
+    first, and win over a finding of the same cause). Never empty: without evidence
+    the finding is CAPTURE_FAILED.
+    """
+    candidates: list[_Candidate] = []
+    seen: list[BaseException] = []
+    for error in errors:
+        for link in error_chain(error):
+            if all(link is not e for e in seen):
+                seen.append(link)
+                candidates.append(_from_error(link))
+    warned = [w for w in warnings_seen if STREAM_WARNING in w]
+    if warned:
+        where = next((c.finding.location for c in candidates), None)
+        candidates.insert(0, _Candidate(_stream_finding(f"PyTorch warned: {STREAM_WARNING}", where), True))
+    for event in syncs:
+        finding = classify(event.stack, during_capture=True)
+        if finding is not None:
+            candidates.append(_Candidate(finding, True))
+    specific = _unique([*known, *(c.finding for c in candidates if c.specific)])
+    if specific:
+        return specific
+    if candidates:
+        return [candidates[0].finding]
+    return [Finding(Code.CAPTURE_FAILED, "the capture failed without an error or a warning")]
+
+
+def _unique(findings: list[Finding]) -> list[Finding]:
+    """One finding per code and place; one per code for the causes that have one place."""
+    once_per_code = {Code.DDP_STREAM_MISMATCH, Code.WARMUP_TOO_SHORT}
+    kept: dict[object, Finding] = {}
+    for f in findings:
+        key: object = f.code if f.code in once_per_code else (f.code, f.location)
+        kept.setdefault(key, f)
+    return list(kept.values())
+
+
 def finding_from_error(error: BaseException, warnings_seen: Iterable[str] = ()) -> Finding:
     """The finding for one exception raised while a step was being recorded."""
-    text = f"{type(error).__name__}: {error}"
-    stack = traceback.extract_tb(error.__traceback__) if error.__traceback__ else []
-    where = location_of(user_frame(list(stack)))
-    first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    if any(_STREAM_WARNING in w for w in warnings_seen):
-        return Finding(
-            Code.DDP_STREAM_MISMATCH,
-            "backward synchronised the stream DDP was built on with the capture stream "
-            f"(PyTorch warned: {_STREAM_WARNING}); CUDA then failed with: {first_line}",
-            location=where,
-        )
-    if "capturable" in text and ("False" in text or "capturable=True" in text):
-        return Finding(Code.OPTIMIZER_NOT_CAPTURABLE, first_line, location=where)
-    if any(marker in text for marker in _CAPTURE_UNSUPPORTED):
-        by_stack = classify(list(stack)) if stack else None
-        if by_stack is not None and by_stack.code is not Code.HOST_SYNC_IN_CAPTURE:
-            return by_stack
-        what = f"`{where.source}` needs the host to wait for the GPU" if where and where.source else (
-            "an operation needs the host to wait for the GPU"
-        )
-        return Finding(Code.HOST_SYNC_IN_CAPTURE, what, location=where)
-    if any(marker in text for marker in _CAPTURE_INVALIDATED):
-        return Finding(
-            Code.CAPTURE_FAILED,
-            f"CUDA invalidated the capture: {first_line}",
-            location=where,
-        )
-    return Finding(Code.CAPTURE_FAILED, first_line, location=where)
+    return capture_findings([error], warnings_seen)[0]
 
 
-def finding_from_capture_error(err: CaptureError, warnings_seen: Iterable[str] = ()) -> Finding:
-    seen = list(warnings_seen)
-    if err.cause is not None:
-        return finding_from_error(err.cause, seen)
-    assert err.end_error is not None
-    return finding_from_error(err.end_error, seen)
+def finding_from_capture_error(
+    err: CaptureError, warnings_seen: Iterable[str] = (), syncs: Sequence[SyncEvent] = ()
+) -> Finding:
+    """The main finding for a failed `CaptureError` (the first error raised while
+    recording, then the one raised when the recording was closed)."""
+    errors = [e for e in (err.cause, err.end_error) if e is not None]
+    return capture_findings(errors, warnings_seen, syncs)[0]

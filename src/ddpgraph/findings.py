@@ -37,6 +37,11 @@ class Code(str, enum.Enum):
     # Using the API.
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     STEP_CLOSED = "STEP_CLOSED"
+    # Running a user's script under `ddpgraph doctor`.
+    SCRIPT_FAILED = "SCRIPT_FAILED"
+    SCRIPT_TIMED_OUT = "SCRIPT_TIMED_OUT"
+    # Training.
+    NON_FINITE_LOSS = "NON_FINITE_LOSS"
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,27 @@ CATALOG: dict[Code, CodeInfo] = {
         "The captured step was closed",
         "`close()` freed its graphs; it cannot run again.",
         "Create a new step with `ddpgraph.capture_step`.",
+    ),
+    Code.SCRIPT_FAILED: CodeInfo(
+        "The script failed for a reason unrelated to capture",
+        "It raised an exception or exited with an error outside any CUDA graph capture, or a "
+        "process ended before the script finished.",
+        "Fix the error at the line shown; run the script without the doctor to see its "
+        "full output.",
+    ),
+    Code.SCRIPT_TIMED_OUT: CodeInfo(
+        "The script did not finish in time",
+        "At least one rank was still running when the time limit ran out, usually waiting in "
+        "a collective that another rank never joined.",
+        "Look at the line each rank was waiting at; make every rank run the same "
+        "collectives (capture, replay or eager step) in the same order, or raise `--timeout`.",
+    ),
+    Code.NON_FINITE_LOSS: CodeInfo(
+        "The loss (or another recorded value) became NaN or infinite",
+        "A value recorded with `NonFiniteMonitor.record` inside the step held a NaN or inf "
+        "on at least one rank; the message names the step and the ranks.",
+        "Look at that step's data and learning rate; with fp16, `GraphSafeGradScaler` skips "
+        "steps whose gradients overflow; `NonFiniteMonitor(action='report')` keeps training.",
     ),
 }
 

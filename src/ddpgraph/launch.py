@@ -17,7 +17,7 @@ import torch
 
 from .distributed import launched_by_torchrun
 
-__all__ = ["default_nproc", "launched_by_torchrun", "torchrun_command", "run_under_torchrun"]
+__all__ = ["default_nproc", "launched_by_torchrun", "run_under_torchrun", "torchrun_command"]
 
 
 def default_nproc() -> int:
@@ -25,7 +25,8 @@ def default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
-def torchrun_command(module_args: Sequence[str], nproc: int) -> list[str]:
+def torchrun_command(module_args: Sequence[str], nproc: int, module: str = "ddpgraph") -> list[str]:
+    """`python -m torch.distributed.run ... -m <module> <module_args>` on this machine."""
     return [
         sys.executable,
         "-m",
@@ -33,7 +34,7 @@ def torchrun_command(module_args: Sequence[str], nproc: int) -> list[str]:
         "--standalone",
         f"--nproc_per_node={nproc}",
         "-m",
-        "ddpgraph",
+        module,
         *module_args,
     ]
 

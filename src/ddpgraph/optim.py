@@ -27,7 +27,7 @@ from .errors import DdpGraphError
 from .findings import Code, Finding
 
 # Keys of a param group that the optimizer's update does not read.
-_NOT_HYPERPARAMETERS = frozenset({"params", "initial_lr", "param_names", "name"})
+NOT_HYPERPARAMETERS = frozenset({"params", "initial_lr", "param_names", "name"})
 TENSOR_HYPERPARAMETERS = ("lr",)
 
 
@@ -149,6 +149,40 @@ def _as_device_scalar(value: Any, device: torch.device) -> torch.Tensor:
     return torch.tensor(float(value), dtype=torch.float32, device=device)
 
 
+class TensorHyperparams:
+    """Keeps each param group's tensor learning rate in place through reassignments.
+
+    Hand-written schedules assign numbers (`group["lr"] = lr`) every step, before capture
+    as well as after. Writing the number into the existing tensor and putting the tensor
+    back means the graph is recorded with, and later reads, that one tensor.
+    """
+
+    def __init__(self, optimizer: Optimizer) -> None:
+        self.optimizer = optimizer
+        self.tensors = self._current()
+
+    def _current(self) -> list[dict[str, torch.Tensor]]:
+        return [
+            {k: g[k] for k in TENSOR_HYPERPARAMETERS if isinstance(g.get(k), torch.Tensor)}
+            for g in self.optimizer.param_groups
+        ]
+
+    def restore(self) -> None:
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.tensors):
+            self.tensors = self._current()
+            return
+        for group, kept in zip(groups, self.tensors, strict=True):
+            for key, tensor in kept.items():
+                value = group.get(key)
+                if value is tensor:
+                    continue
+                if isinstance(value, torch.Tensor):
+                    kept[key] = value  # a new tensor, e.g. from load_state_dict: adopt it
+                elif _write_into(tensor, value):
+                    group[key] = tensor
+
+
 @dataclass(frozen=True)
 class HyperparamChange:
     group: int
@@ -170,7 +204,7 @@ class HyperparamGuard:
     def __init__(self, optimizer: Optimizer) -> None:
         self.optimizer = optimizer
         self.groups = [
-            {k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS}
+            {k: v for k, v in g.items() if k not in NOT_HYPERPARAMETERS}
             for g in optimizer.param_groups
         ]
 

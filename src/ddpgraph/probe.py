@@ -1,20 +1,26 @@
-"""Finding host synchronisations in a step before trying to capture it.
+"""Finding host synchronisations, with the user's line that made each one.
 
-One eager step runs with PyTorch's CUDA sync debug mode set to "warn": every operation
+PyTorch's CUDA sync debug mode, set to "warn", raises a warning for every operation
 that makes the host wait for the GPU (`.item()`, printing a tensor, `.cpu()`,
-`nonzero`, `if tensor:`, `torch.cuda.synchronize()`) raises a warning, which is turned
-into a finding that names the user's file and line. Capture would fail on each of them
-with an opaque "operation failed due to a previous error during capture"; finding them
-eagerly costs one step and leaves DDP's reducer in a clean state.
+`nonzero`, `if tensor:`, `torch.cuda.synchronize()`), before the wait happens. Each
+warning's Python stack names the cause and the user's file and line.
+
+Two callers use it. `capture_step` runs one eager step under the probe before it
+captures: a synchronisation found there would fail the capture with an opaque
+"operation failed due to a previous error during capture", and finding it eagerly costs
+one step. `ddpgraph doctor` keeps the probe on while a user's script is capturing, so
+the synchronisation that broke a capture is named even when CUDA's error is not.
 """
 
 from __future__ import annotations
 
 import linecache
 import os
+import sys
+import sysconfig
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -25,6 +31,14 @@ from .findings import Code, Finding, Location
 _SYNC_WARNING = "synchronizing CUDA operation"
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(__file__)
+_STDLIB_DIRS = tuple(
+    {os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
+)
+_SITE_DIRS = tuple(
+    {os.path.abspath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
+    | {os.path.abspath(p) for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
+)
+_DDP_FILE = os.path.join("nn", "parallel", "distributed.py")
 _SCALER_FILES = ("grad_scaler.py",)
 
 
@@ -37,10 +51,11 @@ class SyncEvent:
 class ProbeResult:
     events: list[SyncEvent] = field(default_factory=list)
 
-    def findings(self) -> list[Finding]:
+    def findings(self, *, during_capture: bool = False) -> list[Finding]:
+        """One finding per cause and place; `during_capture` as in `classify`."""
         found: dict[tuple[Code, Location | None], Finding] = {}
         for event in self.events:
-            finding = classify(event.stack)
+            finding = classify(event.stack, during_capture=during_capture)
             if finding is not None:
                 found.setdefault((finding.code, finding.location), finding)
         return list(found.values())
@@ -48,7 +63,11 @@ class ProbeResult:
 
 @contextmanager
 def host_sync_probe(enabled: bool = True) -> Iterator[ProbeResult]:
-    """Collect the host synchronisations made inside the block (on CUDA only)."""
+    """Collect the host synchronisations made inside the block (on CUDA only).
+
+    Other warnings raised inside the block are shown as usual; the sync warnings the
+    probe itself causes are not.
+    """
     result = ProbeResult()
     if not enabled or not torch.cuda.is_available():
         yield result
@@ -72,16 +91,31 @@ def host_sync_probe(enabled: bool = True) -> Iterator[ProbeResult]:
             torch.cuda.set_sync_debug_mode(previous_mode)
 
 
-def user_frame(stack: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
-    """The innermost frame outside torch, ddpgraph and the standard library."""
-    for frame in reversed(stack):
-        path = os.path.abspath(frame.filename)
-        if path.startswith(_TORCH_DIR) or path.startswith(_OWN_DIR):
-            continue
-        if path.startswith(os.path.dirname(os.__file__)) or frame.filename.startswith("<"):
-            continue
-        return frame
-    return None
+def _under(path: str, dirs: Sequence[str]) -> bool:
+    return any(path == d or path.startswith(d + os.sep) for d in dirs)
+
+
+def _is_library(path: str) -> bool:
+    """torch, ddpgraph itself, or the standard library (not third-party packages)."""
+    if _under(path, (_TORCH_DIR, _OWN_DIR)):
+        return True
+    return _under(path, _STDLIB_DIRS) and not _under(path, _SITE_DIRS)
+
+
+def user_frame(stack: Sequence[traceback.FrameSummary]) -> traceback.FrameSummary | None:
+    """The innermost frame of the user's own code.
+
+    Frames in torch, ddpgraph, the standard library and generated code (`<...>`) never
+    count; third-party packages count only when no frame outside them does, so a
+    script that calls into a training library is pointed at its own line.
+    """
+    candidates = [
+        f for f in stack if not f.filename.startswith("<") and not _is_library(os.path.abspath(f.filename))
+    ]
+    for frame in reversed(candidates):
+        if not _under(os.path.abspath(frame.filename), _SITE_DIRS):
+            return frame
+    return candidates[-1] if candidates else None
 
 
 def location_of(frame: traceback.FrameSummary | None) -> Location | None:
@@ -91,31 +125,44 @@ def location_of(frame: traceback.FrameSummary | None) -> Location | None:
     return Location(frame.filename, frame.lineno, source)
 
 
-def classify(stack: list[traceback.FrameSummary]) -> Finding | None:
-    """Name the cause of one host synchronisation from the Python stack that made it."""
+def user_location(stack: Sequence[traceback.FrameSummary] | None = None) -> Location | None:
+    """The user's file and line in `stack`, or in the caller's stack when None."""
+    return location_of(user_frame(traceback.extract_stack() if stack is None else stack))
+
+
+def classify(stack: Sequence[traceback.FrameSummary], *, during_capture: bool = False) -> Finding | None:
+    """Name the cause of one host synchronisation from the Python stack that made it.
+
+    A synchronisation inside DDP's forward is the reducer sampling its runtime
+    statistics. In an eager step that is harmless (the warm-up policy keeps capture off
+    those iterations), so it gives no finding; `during_capture` means the step was
+    being recorded, where it means the capture came too early.
+    """
     files = [os.path.abspath(f.filename) for f in stack]
     where = location_of(user_frame(stack))
-    if any(os.path.basename(f) in _SCALER_FILES and f.startswith(_TORCH_DIR) for f in files):
+    if any(os.path.basename(f) in _SCALER_FILES and _under(f, (_TORCH_DIR,)) for f in files):
         return Finding(
             Code.GRAD_SCALER_IN_CAPTURE,
             "torch.amp.GradScaler reads its found-inf flag on the host in `step`/`update`",
             location=where,
         )
-    innermost_torch = next(
-        (f for f in reversed(files) if f.startswith(_TORCH_DIR)), None
-    )
+    innermost_torch = next((f for f in reversed(files) if _under(f, (_TORCH_DIR,))), None)
     if innermost_torch is not None and os.sep + "optim" + os.sep in innermost_torch:
         return Finding(
             Code.OPTIMIZER_NOT_CAPTURABLE,
             "the optimizer's step reads a value on the host",
             location=where,
         )
-    if innermost_torch is not None and innermost_torch.endswith(
-        os.path.join("nn", "parallel", "distributed.py")
-    ):
-        # DDP's own statistics sampling: the warm-up policy keeps capture off those
-        # iterations, so this is not a fault of the step.
-        return None
+    if innermost_torch is not None and innermost_torch.endswith(_DDP_FILE):
+        if not during_capture:
+            return None
+        return Finding(
+            Code.WARMUP_TOO_SHORT,
+            "DDP's forward synchronised with the host while the step was being recorded: "
+            "its reducer was rebuilding buckets or sampling runtime statistics on this "
+            "iteration",
+            location=where,
+        )
     what = f"`{where.source}` waits for the GPU" if where and where.source else (
         "an operation waits for the GPU"
     )

@@ -8,7 +8,14 @@ from contextlib import contextmanager
 from functools import lru_cache
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from .distributed import current_rank
 
@@ -26,13 +33,15 @@ def rank0_print(*objects: object) -> None:
 
 
 class _NoProgress:
-    def add_task(self, description: str, total: float | None = None) -> int:
-        return 0
+    """Stands in for rich's Progress on ranks that print nothing."""
 
-    def update(self, task: int, **fields: object) -> None:
+    def add_task(self, description: str, total: float | None = None) -> TaskID:
+        return TaskID(0)
+
+    def update(self, task: TaskID, **fields: object) -> None:
         pass
 
-    def advance(self, task: int, advance: float = 1) -> None:
+    def advance(self, task: TaskID, advance: float = 1) -> None:
         pass
 
 

@@ -75,6 +75,6 @@ def steps_until_capturable(
 
 
 def default_warmup_steps(forwards_before: int, sample_rate: int = DEFAULT_SAMPLE_RATE) -> int:
-    """Warm-up steps needed before capture, assuming one synced forward per step,
-    and never fewer than one (the last warm-up step is the host-sync probe)."""
-    return max(1, steps_until_capturable([forwards_before], 1, sample_rate))
+    """Warm-up steps needed before capture, assuming one synced forward per step, and
+    never fewer than one (the last warm-up step is the host-sync probe)."""
+    return 1 + steps_until_capturable([forwards_before + 1], 1, sample_rate)

@@ -30,6 +30,7 @@ NAMES = [
     "checkpoint_roundtrip",
     "float_lr_assignment",
     "momentum_schedule",
+    "stream_usage",
     "fail_one_rank_in_forward",
 ]
 
@@ -139,3 +140,10 @@ def test_python_momentum_schedule_falls_back_correctly(results: dict[str, list[d
     for r in ok(results["momentum_schedule"]):
         assert r["state"] == "eager" and r["code"] == "LR_BAKED_INTO_GRAPH"
         assert r["param_rel_diff"] <= TOL and r["loss_rel_diff"] <= TOL
+
+
+def test_eager_steps_on_the_capture_stream_match_plain_ddp(results: dict[str, list[dict[str, Any]]]) -> None:
+    for r in ok(results["stream_usage"]):
+        print(f"rank {r['rank']}: loss differences against plain DDP: {r}")
+        assert r["plain_again"] == 0, "plain DDP is not deterministic run to run"
+        assert r["capture_stream_eager"] == 0

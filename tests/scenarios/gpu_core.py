@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
 from ddpgraph.distributed import DistInfo
-from ddpgraph.models import GPTConfig, MLP, gpt_workload
+from ddpgraph.models import MLP, GPTConfig, gpt_workload
 from ddpgraph.training import StepOptions, make_train_step
 
 
@@ -174,7 +174,7 @@ def optimizers(info: DistInfo) -> dict[str, Any]:
     for name, make in OPTIMIZERS.items():
         try:
             ref_losses, ref_params = _eager_run(info, batches, make, schedule=lambda s: 0.9**s)
-            losses, params, states, summary = _captured_run(info, batches, make, schedule=lambda s: 0.9**s)
+            losses, params, _, summary = _captured_run(info, batches, make, schedule=lambda s: 0.9**s)
             results[name] = {
                 "state": summary["state"],
                 "code": summary["code"],
@@ -308,9 +308,9 @@ def schedule_inside(info: DistInfo) -> dict[str, Any]:
 # ------------------------------------------------------------------ failures and recovery
 def _fail_during_capture(where: str):
     def extra(loss: torch.Tensor) -> None:
-        if where == "after_backward" and torch.cuda.is_current_stream_capturing():
-            if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
-                loss.item()
+        last_rank = torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
+        if where == "after_backward" and torch.cuda.is_current_stream_capturing() and last_rank:
+            loss.item()
 
     return extra
 
@@ -476,6 +476,35 @@ def momentum_schedule(info: DistInfo) -> dict[str, Any]:
     }
 
 
+def stream_usage(info: DistInfo) -> dict[str, Any]:
+    """How a model from prepare_ddp behaves when trained eagerly *outside* capture_step,
+    on the default stream, compared with plain DDP (run twice, to see run-to-run noise)
+    and with eager steps on the capture stream (capture_step before capture)."""
+    steps = 30
+    workload = gpt_workload(GPTConfig())
+    options = StepOptions(amp_dtype=torch.bfloat16, clip_norm=1.0)
+    gen = torch.Generator().manual_seed(5 + info.rank)
+    batches = [workload.make_batch(8, gen, info.device) for _ in range(steps)]
+
+    def train(kind: str) -> list[float]:
+        torch.manual_seed(0)
+        model = workload.build().to(info.device)
+        if kind.startswith("plain"):
+            ddp = DDP(model, device_ids=[info.device.index])
+        else:
+            ddp = ddpgraph.prepare_ddp(model, device_ids=[info.device.index])
+        opt = ddpgraph.graph_safe_optimizer(torch.optim.AdamW(ddp.parameters(), lr=1e-3))
+        fn = make_train_step(ddp, opt, workload.loss, options)
+        if kind == "capture_stream_eager":
+            fn = ddpgraph.capture_step(fn, model=ddp, optimizer=opt, warmup_steps=10_000)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            return [float(fn(x, y)) for x, y in batches]
+
+    runs = {k: train(k) for k in ("plain", "plain_again", "prepared_default_stream", "capture_stream_eager")}
+    return {k: harness.loss_rel_diff(runs["plain"], v) for k, v in runs.items()}
+
+
 REGISTRY = {
     "gpt_equivalence": gpt_equivalence,
     "optimizers": optimizers,
@@ -490,6 +519,7 @@ REGISTRY = {
     "checkpoint_roundtrip": checkpoint_roundtrip,
     "float_lr_assignment": float_lr_assignment,
     "momentum_schedule": momentum_schedule,
+    "stream_usage": stream_usage,
     # Last: if NCCL cannot pair up after this failure, only this scenario is lost.
     "fail_one_rank_in_forward": fail_one_rank_in_forward,
 }

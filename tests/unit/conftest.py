@@ -36,7 +36,10 @@ def make_module() -> nn.Module:
 def make_batches(n: int, size: int = BATCH, seed: int = 100) -> list[Batch]:
     gen = torch.Generator().manual_seed(seed)
     return [
-        (torch.randn(size, FEATURES, generator=gen), torch.randint(0, CLASSES, (size,), generator=gen))
+        (
+            torch.randn(size, FEATURES, generator=gen),
+            torch.randint(0, CLASSES, (size,), generator=gen),
+        )
         for _ in range(n)
     ]
 
@@ -69,7 +72,9 @@ class Run:
 
     def capture(self, **kwargs: Any) -> ddpgraph.CapturedStep[torch.Tensor]:
         kwargs.setdefault("backend", ddpgraph.PassThroughBackend())
-        return ddpgraph.capture_step(self.step, model=self.model, optimizer=self.optimizer, **kwargs)
+        return ddpgraph.capture_step(
+            self.step, model=self.model, optimizer=self.optimizer, **kwargs
+        )
 
     def train(
         self,
@@ -132,7 +137,8 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
         ddp: bool = True,
         optimizer: type[torch.optim.Optimizer] = torch.optim.AdamW,
         graph_safe: bool = False,
-        schedule: Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler] | None = None,
+        schedule: Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+        | None = None,
         **opt_kw: Any,
     ) -> Run:
         module = make_module()

@@ -71,7 +71,9 @@ def test_merge_by_code_groups_same_finding_and_keeps_first_seen_order() -> None:
 
 
 def test_merge_by_code_keeps_different_messages_apart() -> None:
-    merged = merge_by_code([(0, Finding(Code.CAPTURE_FAILED, "a")), (1, Finding(Code.CAPTURE_FAILED, "b"))])
+    merged = merge_by_code(
+        [(0, Finding(Code.CAPTURE_FAILED, "a")), (1, Finding(Code.CAPTURE_FAILED, "b"))]
+    )
     assert [(f.happened, f.ranks) for f in merged] == [("a", (0,)), ("b", (1,))]
 
 
@@ -79,7 +81,13 @@ def test_with_ranks_keeps_everything_else() -> None:
     f = Finding(Code.WARMUP_TOO_SHORT, "h", "fix", "`s`", Location("x.py", 9))
     g = f.with_ranks([2, 0])
     assert g.ranks == (0, 2)
-    assert (g.code, g.happened, g.fix, g.subject, g.location) == (f.code, f.happened, f.fix, f.subject, f.location)
+    assert (g.code, g.happened, g.fix, g.subject, g.location) == (
+        f.code,
+        f.happened,
+        f.fix,
+        f.subject,
+        f.location,
+    )
 
 
 @pytest.mark.parametrize("code", list(Code))

@@ -40,11 +40,18 @@ Y = torch.zeros(8, dtype=torch.long)
 def test_same_call_matches() -> None:
     sig = _sig(X, {"y": Y, "w": [X, 3]}, scale=0.5, mode=Mode.TRAIN, name="a", dt=torch.float32)
     assert _matches(
-        sig, torch.ones(8, 16), {"y": Y + 1, "w": [X, 3]}, scale=0.5, mode=Mode.TRAIN, name="a", dt=torch.float32
+        sig,
+        torch.ones(8, 16),
+        {"y": Y + 1, "w": [X, 3]},
+        scale=0.5,
+        mode=Mode.TRAIN,
+        name="a",
+        dt=torch.float32,
     )
-    assert sig.describe_change((X, {"y": Y, "w": [X, 3]}), {"scale": 0.5, "mode": Mode.TRAIN, "name": "a", "dt": torch.float32}) == (
-        "the arguments are unchanged"
-    )
+    assert sig.describe_change(
+        (X, {"y": Y, "w": [X, 3]}),
+        {"scale": 0.5, "mode": Mode.TRAIN, "name": "a", "dt": torch.float32},
+    ) == ("the arguments are unchanged")
 
 
 @pytest.mark.parametrize(
@@ -54,9 +61,10 @@ def test_same_call_matches() -> None:
         (torch.zeros(8, 16, dtype=torch.float64), ["`args[0]`", "float32", "float64"]),
         (torch.zeros(8, 16, device="meta"), ["`args[0]`", "on cpu", "on meta"]),
         (torch.zeros(8, 16, requires_grad=True), ["`args[0]`", "requires_grad"]),
-        (torch.zeros(8, 16).t().contiguous().t()[:, :16].reshape(8, 16).expand(8, 16).clone()[:, :15], ["(8, 15)"]),
+        (torch.zeros(8, 15), ["`args[0]`", "(8, 15)"]),
+        (torch.zeros(8, 16, 1), ["`args[0]`", "(8, 16, 1)"]),
     ],
-    ids=["shape", "dtype", "device", "requires_grad", "narrower"],
+    ids=["batch", "dtype", "device", "requires_grad", "width", "rank"],
 )
 def test_tensor_change_is_a_mismatch_naming_the_input(new: torch.Tensor, words: list[str]) -> None:
     sig = _sig(X, Y)
@@ -94,7 +102,9 @@ def test_nested_input_is_named_by_its_path() -> None:
 def test_structure_change_is_a_mismatch(captured: tuple[Any, ...], called: tuple[Any, ...]) -> None:
     sig = _sig(*captured)
     assert not _matches(sig, *called)
-    assert "structure of the arguments changed" in sig.describe_change(called, {})
+    text = sig.describe_change(called, {})
+    assert "structure of the arguments changed" in text
+    assert "_FlatTensors" not in text  # no internals in a user's message
 
 
 def test_keyword_moved_to_positional_is_a_mismatch() -> None:
@@ -104,13 +114,25 @@ def test_keyword_moved_to_positional_is_a_mismatch() -> None:
 
 @pytest.mark.parametrize(
     ("before", "after"),
-    [(3, 4), (0.5, 0.25), ("train", "eval"), (True, False), (1, True), (1, 1.0), (None, 0), (Mode.TRAIN, Mode.EVAL)],
+    [
+        (3, 4),
+        (0.5, 0.25),
+        ("train", "eval"),
+        (True, False),
+        (1, True),
+        (1, 1.0),
+        (None, 0),
+        (Mode.TRAIN, Mode.EVAL),
+    ],
 )
 def test_non_tensor_constant_change_is_a_mismatch(before: Any, after: Any) -> None:
     sig = _sig(X, before)
     assert _matches(sig, X, before)
     assert not _matches(sig, X, after)
-    assert sig.describe_change((X, after), {}) == f"argument `args[1]` changed from {before!r} to {after!r}"
+    assert (
+        sig.describe_change((X, after), {})
+        == f"argument `args[1]` changed from {before!r} to {after!r}"
+    )
 
 
 def test_tensor_replaced_by_a_number_is_a_mismatch() -> None:
@@ -121,7 +143,12 @@ def test_tensor_replaced_by_a_number_is_a_mismatch() -> None:
 
 
 def test_leaf_paths() -> None:
-    assert leaf_paths((X, [Y, {"k": 1}]), {"z": (X,)}) == ["args[0]", "args[1][0]", "args[1][1]['k']", "kwargs['z'][0]"]
+    assert leaf_paths((X, [Y, {"k": 1}]), {"z": (X,)}) == [
+        "args[0]",
+        "args[1][0]",
+        "args[1][1]['k']",
+        "kwargs['z'][0]",
+    ]
 
 
 class Batch:

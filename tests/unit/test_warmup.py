@@ -45,7 +45,14 @@ def test_every_hundredth_iteration_blocks_two_forwards() -> None:
     assert not is_capturable_forward(101)
     assert is_capturable_forward(102)
     assert is_capturable_forward(99)
-    assert [k for k in range(12, 310) if not is_capturable_forward(k)] == [100, 101, 200, 201, 300, 301]
+    assert [k for k in range(12, 310) if not is_capturable_forward(k)] == [
+        100,
+        101,
+        200,
+        201,
+        300,
+        301,
+    ]
 
 
 @pytest.mark.parametrize("rate", [100, 7])
@@ -84,20 +91,22 @@ def test_steps_until_capturable(counts: list[int], per_step: int, extra: int) ->
     assert steps_until_capturable(counts, per_step) == extra
 
 
+def _all_recordable(counts: list[int], extra: int, per_step: int) -> bool:
+    return all(
+        _recordable(c + extra * per_step + j) for c in counts for j in range(1, per_step + 1)
+    )
+
+
 def test_steps_until_capturable_is_the_first_common_capturable_step() -> None:
     for a, b in itertools.product(range(0, 215, 3), range(90, 110)):
         for per_step in (1, 2, 3):
             extra = steps_until_capturable([a, b], per_step)
-
-            def ok(e: int, per_step: int = per_step) -> bool:
-                return all(
-                    _recordable(c + e * per_step + j)
-                    for c in (a, b)
-                    for j in range(1, per_step + 1)
-                )
-
-            assert ok(extra), (a, b, per_step)
-            assert not any(ok(e) for e in range(extra)), (a, b, per_step)
+            assert _all_recordable([a, b], extra, per_step), (a, b, per_step)
+            assert not any(_all_recordable([a, b], e, per_step) for e in range(extra)), (
+                a,
+                b,
+                per_step,
+            )
 
 
 def test_sample_rate_one_never_allows_capture() -> None:
@@ -135,5 +144,7 @@ def test_default_warmup_steps_is_the_fewest_that_reach_a_recordable_forward() ->
     for n in range(0, 320):
         steps = default_warmup_steps(n)
         assert steps >= 1
-        assert _recordable(n + steps + 1), f"{n} forwards, {steps} warm-up: capture on {n + steps + 1}"
+        assert _recordable(n + steps + 1), (
+            f"{n} forwards, {steps} warm-up: capture on {n + steps + 1}"
+        )
         assert not any(_recordable(n + w + 1) for w in range(1, steps)), n

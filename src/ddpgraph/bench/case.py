@@ -1,6 +1,7 @@
 """What a strategy is given (`Case`) and what it gives back (`Runner`).
 
-A strategy turns a case (a workload at one batch size on one device) into a runner:
+A strategy turns a case (a workload at one batch size on one device) and a fresh model
+into a runner:
 something that performs one training step per call. Everything a strategy builds
 (model, DDP, optimizer, compiled module, graph) lives in its runner, so dropping the
 runner frees it, and the next strategy starts from nothing.

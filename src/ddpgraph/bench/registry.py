@@ -1,6 +1,7 @@
 """The named strategies the benchmark can run, and picking some of them.
 
-A strategy is a name, a one-line summary, and a `build(case) -> Runner`. A slot whose
+A strategy is a name, a one-line summary, and a `build(case, model) -> Runner`, where
+`model` is a fresh model on the case's device with the shared initial weights. A slot whose
 implementation does not exist yet is registered with `build=None` and the reason, so
 it shows up in listings and results instead of being silently absent. Register more
 with `register_strategy`.
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from torch import nn
+
 from ..errors import usage_error
 from .case import Case, Runner
 
@@ -19,7 +22,7 @@ from .case import Case, Runner
 class Strategy:
     name: str
     summary: str
-    build: Callable[[Case], Runner] | None
+    build: Callable[[Case, nn.Module], Runner] | None
     # Why it does not run on CPU processes; None when it does.
     cpu_skip: str | None = None
     # Why the slot is empty, when `build` is None.

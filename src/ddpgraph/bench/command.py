@@ -1,0 +1,250 @@
+"""`ddpgraph bench`: what a whole-step CUDA graph buys on a model, beside every alternative.
+
+    ddpgraph bench                                  # gpt and resnet18, every strategy
+    ddpgraph bench --model gpt,resnet18 --batch-sizes gpt=8,32 resnet18=32,128 \\
+        --json bench.json --plot bench.png
+    ddpgraph bench --model my_models:make_workload --strategies eager,capture_step
+    torchrun --nproc_per_node=2 -m ddpgraph bench --model gpt
+
+As a plain command it starts one worker per GPU (two CPU workers without CUDA) through
+torchrun. For each model and batch size it runs each strategy in a fresh setup from the
+same initial weights on the same batches: eager DDP, torch.compile (default and
+reduce-overhead), PyTorch's hand-written whole-step graph recipe, capture_step, and
+capture_step around a compiled model (`--list-strategies` shows them). It reports
+ms/step (median of timing windows, with their spread), speedup over eager, GPU busy
+(summed kernel time over step time, profiled on rank 0), capture time and peak memory,
+with batches already on the GPU and, unless --no-data-loader, fed by a DataLoader with
+pinned memory. On CPU only the eager strategies run.
+
+A model of your own: `--model MODULE:FACTORY`, where FACTORY() returns a
+`ddpgraph.models.Workload` or a tuple (model, loss, make_batch); see docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..distributed import init_distributed, launched_by_torchrun, shutdown
+from ..errors import DdpGraphUsageError, usage_error
+from ..launch import run_under_torchrun
+from ..report import console
+from .compare import fill_speedups, summary
+from .measure import Settings
+from .plot import plot_speedups
+from .registry import registered, select
+from .schema import Report, StrategyResult
+from .stats import default_window
+from .strategies import RECIPE_WARMUP_ITERATIONS
+from .suite import Plan, describe_setup, make_report, run_suite
+from .table import markdown, rich_tables
+from .workloads import parse_batch_sizes, resolve_models
+
+DEFAULT_MODELS = "gpt,resnet18"
+# Captured strategies run 11 eager DDP iterations and capture on the 12th call; timing
+# must start after that.
+MIN_WARMUP = RECIPE_WARMUP_ITERATIONS + 1
+# Tables are wide; a log file gets them unwrapped.
+LOG_WIDTH = 220
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = Settings()
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODELS,
+        help=f"comma-separated built-in names (gpt, mlp, resnet18) or MODULE:FACTORY (default: {DEFAULT_MODELS})",
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        nargs="+",
+        metavar="SIZES",
+        help="per-GPU batch sizes: `8,32` for every model, or `gpt=8,32 resnet18=32,128` (default: gpt 8,32; resnet18 32,128; mlp 64,256; others 8,32)",
+    )
+    parser.add_argument(
+        "--strategies",
+        default=None,
+        help="comma-separated strategies to run (default: every available one)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=defaults.steps,
+        help=f"timed steps per strategy and feed (default: {defaults.steps})",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=defaults.warmup,
+        help=f"untimed steps before timing, at least {MIN_WARMUP} (default: {defaults.warmup})",
+    )
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=defaults.profile_steps,
+        help=f"steps profiled on rank 0 for GPU busy; 0 turns profiling off (default: {defaults.profile_steps})",
+    )
+    parser.add_argument(
+        "--data-loader",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time steps fed by a DataLoader with pinned memory (default: on)",
+    )
+    parser.add_argument(
+        "--loader-workers",
+        type=int,
+        default=defaults.loader_workers,
+        help=f"DataLoader worker processes (default: {defaults.loader_workers})",
+    )
+    parser.add_argument(
+        "--amp",
+        choices=("bf16", "off"),
+        default="bf16",
+        help="bf16 autocast on GPU, or fp32 (default: bf16)",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="processes when launching itself (default: GPUs, or 2 on CPU)",
+    )
+    parser.add_argument(
+        "--json",
+        dest="json_path",
+        default=None,
+        help="write the results as JSON to this file (rewritten after every strategy)",
+    )
+    parser.add_argument(
+        "--plot",
+        dest="plot_path",
+        default=None,
+        help="write a plot of speedup against batch size to this file (.png, .svg, .pdf)",
+    )
+    parser.add_argument(
+        "--cpu", action="store_true", help="run on CPU processes even if CUDA is available"
+    )
+    parser.add_argument(
+        "--list-strategies", action="store_true", help="list the strategies and exit"
+    )
+
+
+def main(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.list_strategies:
+        console().print(strategy_table())
+        return 0
+    try:
+        plan = plan_from_args(args)
+    except DdpGraphUsageError as err:
+        print(err.finding.format(), file=sys.stderr)
+        return 2
+    if not launched_by_torchrun():
+        return run_under_torchrun(["bench", *argv], args.nproc or (2 if args.cpu else None))
+    info = init_distributed(force_cpu=args.cpu)
+    try:
+        setup = describe_setup(info, plan, argv)
+
+        def save(results: list[StrategyResult]) -> None:
+            if args.json_path:
+                write_json(args.json_path, payload(make_report(setup, results)))
+
+        results = run_suite(info, plan, on_result=save if info.is_main else None)
+        if info.is_main:
+            publish(make_report(setup, results), args.json_path, args.plot_path)
+    finally:
+        shutdown()
+    return 0
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    """Check every argument before any worker starts, and turn them into a plan."""
+    for name, value, least in (
+        ("--steps", args.steps, 1),
+        ("--warmup", args.warmup, MIN_WARMUP),
+        ("--profile-steps", args.profile_steps, 0),
+        ("--loader-workers", args.loader_workers, 0),
+    ):
+        if value < least:
+            hint = (
+                f"captured strategies run {RECIPE_WARMUP_ITERATIONS} eager DDP iterations and "
+                "capture on the next call; timing starts after that"
+                if name == "--warmup"
+                else f"use {name} {least} or more"
+            )
+            raise usage_error(f"`{name}`", f"expected at least {least}, got {value}", hint)
+    models = resolve_models([m for m in args.model.split(",") if m.strip()])
+    if not models:
+        raise usage_error(
+            "`--model`",
+            "expected at least one model, got none",
+            f"for example `--model {DEFAULT_MODELS}`",
+        )
+    names = (
+        None
+        if args.strategies in (None, "all")
+        else [s.strip() for s in args.strategies.split(",") if s.strip()]
+    )
+    settings = Settings(
+        steps=args.steps,
+        warmup=args.warmup,
+        window=default_window(args.steps),
+        profile_steps=args.profile_steps,
+        dataloader=args.data_loader,
+        loader_workers=args.loader_workers,
+    )
+    return Plan(
+        models, parse_batch_sizes(args.batch_sizes, models), select(names), settings, args.amp
+    )
+
+
+def strategy_table() -> Table:
+    table = Table(title="ddpgraph bench strategies", title_justify="left")
+    for header in ("name", "what it runs", "on CPU"):
+        table.add_column(header)
+    for s in registered():
+        where = s.skip_reason(on_cuda=False) or "runs"
+        table.add_row(s.name, s.summary, where)
+    return table
+
+
+def payload(report: Report) -> dict[str, Any]:
+    """The JSON document: results with speedups filled in, summary and Markdown tables."""
+    fill_speedups(report)
+    rows = summary(report)
+    return report.to_dict(summary=rows, markdown=markdown(report, rows))
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """Write atomically: a run stopped mid-way leaves the last complete file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def publish(report: Report, json_path: str | None, plot_path: str | None) -> None:
+    data = payload(report)
+    out = console()
+    # Off a terminal rich assumes 80 columns, which folds every cell of these tables.
+    wide = out if out.is_terminal else Console(highlight=False, markup=False, width=LOG_WIDTH)
+    for table in rich_tables(report, data["summary"]):
+        wide.print(table)
+    for s in registered():
+        if not s.available:
+            out.print(f"Not run: {s.name} ({s.skip_reason(on_cuda=True)})")
+    if json_path:
+        write_json(json_path, data)
+        out.print(f"Results written to {json_path}")
+    if plot_path:
+        if plot_speedups(report, plot_path):
+            out.print(f"Plot written to {plot_path}")
+        else:
+            print(
+                "No speedups to plot (eager DDP did not run, or nothing else did).", file=sys.stderr
+            )

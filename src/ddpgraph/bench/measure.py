@@ -1,0 +1,214 @@
+"""Running one strategy on one case, in isolation, and measuring it.
+
+The phases, each ended by an exchange between ranks (`Control.phase`):
+
+1. model: a fresh model with the shared initial weights (a user's model may fail here);
+   build: DDP, optimizer, compiled module, whatever the strategy wraps around it;
+2. warm-up on the device feed: compilation, DDP's first iterations, capture;
+3. timing on the device feed: windows of steps, synchronised only at window edges;
+4. profile (rank 0, on CUDA): a few steps under torch.profiler for the kernel time;
+5. with the DataLoader feed: warm-up (a captured strategy may capture again for pinned
+   host inputs), then timing the same way.
+
+Peak memory is reset before the build and read after the device-feed phases. Whatever
+happens, the runner is closed and its memory returned before the next strategy.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from ..training import Timing, synchronize
+from .busy import kernel_ms_per_step
+from .case import Case, Runner
+from .control import Control, PhaseFailed, short_error
+from .feeds import Batch, device_feed, loader_feed
+from .registry import Strategy
+from .schema import FeedResult, StrategyResult
+from .stats import Measurement, ratio, windows
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Settings:
+    steps: int = 60  # timed steps per feed
+    warmup: int = 20  # untimed steps before timing the device feed
+    window: int = 5  # steps per timing window
+    profile_steps: int = 5  # steps under the profiler (0: no GPU-busy figure)
+    dataloader: bool = True
+    loader_warmup: int = 8  # untimed DataLoader steps (room for a second capture)
+    loader_workers: int = 2
+
+    @property
+    def timed_steps(self) -> int:
+        return sum(windows(self.steps, self.window))
+
+
+def run_strategy(
+    strategy: Strategy,
+    case: Case,
+    batches: list[Batch],
+    settings: Settings,
+    control: Control,
+    *,
+    profile_here: bool,
+    on_phase: Callable[[str], None] = lambda phase: None,
+) -> StrategyResult:
+    result = StrategyResult(case.workload.name, case.batch_size, strategy.name)
+    skip = strategy.skip_reason(case.on_cuda)
+    if skip is not None or strategy.build is None:
+        result.status, result.reason = "skipped", skip
+        return result
+    build = strategy.build
+    label = f"{strategy.name} ({case.workload.name}, batch {case.batch_size})"
+    started = time.perf_counter()
+    runner: Runner | None = None
+
+    def fresh_model() -> torch.nn.Module:
+        _release_memory(case.device)
+        return case.fresh_model()
+
+    try:
+        on_phase("build")
+        model = control.phase("model", fresh_model, label=label)
+        runner = control.phase("build", partial(build, case, model), label=label)
+        del model  # the runner holds it now; the cleanup below must free it
+        _measure(runner, case, batches, settings, control, result, profile_here, on_phase, label)
+    except PhaseFailed as failure:
+        result.status, result.reason = "failed", failure.describe()
+    finally:
+        # Cleanup failures (a CUDA error that outlived the strategy) are noted, not
+        # raised: the next strategy's phases will report whatever is still broken.
+        problems = []
+        try:
+            if runner is not None:
+                runner.close()
+        except Exception as err:
+            problems.append(f"closing it failed: {short_error(err)}")
+        del runner
+        try:
+            _release_memory(case.device)
+        except Exception as err:
+            problems.append(f"freeing its memory failed: {short_error(err)}")
+        if problems:
+            result.note = "\n".join(filter(None, [result.note, *problems]))
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def _measure(
+    runner: Runner,
+    case: Case,
+    batches: list[Batch],
+    settings: Settings,
+    control: Control,
+    result: StrategyResult,
+    profile_here: bool,
+    on_phase: Callable[[str], None],
+    label: str,
+) -> None:
+    device = case.device
+    feed = device_feed(batches, device)
+    last: list[torch.Tensor] = []
+
+    def steps(source: Iterator[Batch], count: int) -> None:
+        for _ in range(count):
+            x, y = next(source)
+            last[:] = [runner.step(x, y)]
+        synchronize(device)
+
+    on_phase("warm-up")
+    control.phase("warm-up", lambda: steps(feed, settings.warmup), label=label)
+    on_phase("timing")
+    timing = control.phase(
+        "timing", lambda: _timed(runner, feed, settings, device, last), label=label
+    )
+    kernel_ms, why = None, None
+    if case.on_cuda and settings.profile_steps > 0:
+        on_phase("profile")
+
+        def profile() -> tuple[float | None, str | None]:
+            if not profile_here:
+                steps(feed, settings.profile_steps)
+                return None, None
+            return kernel_ms_per_step(
+                lambda: steps(feed, settings.profile_steps), settings.profile_steps, device
+            )
+
+        kernel_ms, why = control.phase("profile", profile, label=label)
+    result.kernel_ms_per_step = kernel_ms
+    result.feeds["device"] = _feed_result(timing, kernel_ms)
+    if case.on_cuda:
+        peaks = control.gather(torch.cuda.max_memory_allocated(device))
+        result.peak_memory_mib = max(peaks) / MIB
+    if settings.dataloader:
+        loader = loader_feed(
+            batches,
+            settings.loader_warmup + settings.timed_steps,
+            workers=settings.loader_workers,
+            pin_memory=case.on_cuda,
+        )
+        try:
+            on_phase("DataLoader warm-up")
+            control.phase(
+                "DataLoader warm-up", lambda: steps(loader, settings.loader_warmup), label=label
+            )
+            on_phase("DataLoader timing")
+            loaded = control.phase(
+                "DataLoader timing",
+                lambda: _timed(runner, loader, settings, device, last),
+                label=label,
+            )
+        finally:
+            loader.close()
+        result.feeds["dataloader"] = _feed_result(loaded, kernel_ms)
+
+    def read_outcome() -> None:
+        result.final_loss = float(last[0]) if last else None
+        result.capture_s = runner.capture_seconds
+        result.captured = runner.captured
+        result.note = "\n".join(filter(None, [runner.note(), why])) or None
+
+    control.phase("reading the results", read_outcome, label=label)
+
+
+def _timed(
+    runner: Runner,
+    feed: Iterator[Batch],
+    settings: Settings,
+    device: torch.device,
+    last: list[torch.Tensor],
+) -> Timing:
+    """Time the steps in windows; the host runs ahead freely inside a window."""
+    timing = Timing()
+    synchronize(device)
+    for count in windows(settings.steps, settings.window):
+        start = time.perf_counter()
+        for _ in range(count):
+            x, y = next(feed)
+            last[:] = [runner.step(x, y)]
+        synchronize(device)
+        timing.window_ms.append((time.perf_counter() - start) * 1000.0 / count)
+    return timing
+
+
+def _feed_result(timing: Timing, kernel_ms: float | None) -> FeedResult:
+    m = Measurement.of(timing)
+    return FeedResult(
+        m.ms_per_step, m.spread_ms, m.window_ms, gpu_busy=ratio(kernel_ms, m.ms_per_step)
+    )
+
+
+def _release_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)

@@ -1,0 +1,70 @@
+"""Speedup over eager DDP against batch size: one panel per model, one line per strategy.
+
+Solid lines are the device feed, dashed lines the same strategy fed by the DataLoader;
+the grey line at 1 is eager DDP itself.
+Drawn with matplotlib's Agg canvas directly, so no display and no global backend
+switch is needed.
+"""
+
+from __future__ import annotations
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .compare import BASELINE
+from .schema import Report
+
+
+def _points(report: Report, model: str, strategy: str, feed: str) -> list[tuple[int, float]]:
+    points = []
+    for batch_size in report.batch_sizes(model):
+        result = report.case(model, batch_size).get(strategy)
+        values = result.feeds.get(feed) if result is not None and result.status == "ok" else None
+        if values is not None and values.speedup is not None:
+            points.append((batch_size, values.speedup))
+    return points
+
+
+def plot_speedups(report: Report, path: str) -> bool:
+    """Write the plot to `path` (format from its suffix); False when nothing ran to plot."""
+    models = report.models
+    if not models:
+        return False
+    columns = min(3, len(models))
+    rows = -(-len(models) // columns)
+    figure = Figure(figsize=(5.0 * columns, 4.0 * rows), constrained_layout=True)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False).flatten()
+    # One color per strategy, the same in every panel.
+    order = [s for s in dict.fromkeys(r.strategy for r in report.results) if s != BASELINE]
+    colors = {s: f"C{i % 10}" for i, s in enumerate(order)}
+    drew = False
+    for ax, model in zip(axes, models, strict=False):
+        sizes = report.batch_sizes(model)
+        ax.axhline(1.0, color="grey", linewidth=1.0, label=f"{BASELINE} DDP")
+        lines = 0
+        for strategy in order:
+            for feed, style in (("device", "-"), ("dataloader", "--")):
+                points = _points(report, model, strategy, feed)
+                if not points:
+                    continue
+                lines += 1
+                xs, ys = zip(*points, strict=True)
+                label = strategy if feed == "device" else f"{strategy} (DataLoader)"
+                ax.plot(xs, ys, style, marker="o", color=colors[strategy], label=label)
+        if not lines:
+            ax.text(0.5, 0.5, "no results to compare", transform=ax.transAxes, ha="center")
+        drew = drew or lines > 0
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_title(model)
+        ax.set_xlabel("batch size per GPU")
+        ax.set_ylabel(f"speedup over {BASELINE} DDP")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in axes[len(models) :]:
+        ax.set_visible(False)
+    s = report.setup
+    figure.suptitle(f"ddpgraph bench: {s['world_size']} × {s['device']}, torch {s['torch']}")
+    figure.savefig(path, dpi=120)
+    return drew

@@ -1,0 +1,298 @@
+"""The built-in strategies: every way the benchmark trains a step, registered by name.
+
+All of them run the same step body (`Case.train_step`), from the same initial weights,
+on the same batches; they differ only in how the step is executed:
+
+* `eager`: DDP on the default stream, default AdamW. What a training script does today.
+* `compile`: `torch.compile(ddp)` in the default mode (inductor fusion, no CUDA graphs).
+* `reduce-overhead`: `torch.compile(ddp, mode="reduce-overhead")`: CUDA graphs of the
+  compiled pieces, with DDP's all-reduces and the optimizer eager between them.
+* `recipe`: PyTorch's documented whole-network capture, written out by hand with no
+  ddpgraph code in its path: the baseline that tells what ddpgraph's wrapper costs.
+* `capture_step`: `ddpgraph.capture_step` on a model built by `ddpgraph.prepare_ddp`.
+* `capture_step+compile`: the model compiled by inductor in its default mode (which
+  makes no graphs of its own) and the whole step captured by `capture_step`.
+* `partial`: `ddpgraph.make_step(strategy="partial")`: the model's collective-free parts
+  graphed (forward and backward), DDP's all-reduces and the optimizer eager.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import cast
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ..capture import StepState, capture_step
+from ..ddp import prepare_ddp
+from ..findings import Code
+from ..strategies import TrainStep as GraphedStep
+from ..strategies import make_step
+from .case import LEARNING_RATE, Case, Runner, TrainStep
+from .registry import Strategy, register_strategy
+
+# PyTorch's recipe: DDP's reducer samples host-synchronising statistics on iterations
+# 1-10, so 11 eager iterations must run before the capture.
+RECIPE_WARMUP_ITERATIONS = 11
+
+_COMPILE_ON_CPU = (
+    "not run on CPU: inductor's CPU compile takes minutes, and the comparison is about GPUs"
+)
+
+
+class StepRunner(Runner):
+    """Calls a step function on inputs moved to the device, on the current stream."""
+
+    def __init__(
+        self,
+        fn: TrainStep,
+        device: torch.device,
+        *,
+        before_step: Callable[[], None] | None = None,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self._fn = fn
+        self._device = device
+        self._before_step = before_step
+        self._on_close = on_close
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self._before_step is not None:
+            self._before_step()
+        return self._fn(
+            x.to(self._device, non_blocking=True), y.to(self._device, non_blocking=True)
+        )
+
+    def close(self) -> None:
+        if self._on_close is not None:
+            self._on_close()
+
+
+def compile_module(module: nn.Module, *, mode: str) -> nn.Module:
+    """`torch.compile` on a module returns a module (typed as a plain callable)."""
+    return cast(nn.Module, torch.compile(module, mode=mode))
+
+
+def build_eager(case: Case, model: nn.Module) -> Runner:
+    ddp = DDP(model, **case.ddp_kwargs())
+    opt = torch.optim.AdamW(ddp.parameters(), lr=LEARNING_RATE)
+    return StepRunner(case.train_step(ddp, opt), case.device)
+
+
+def build_compiled(mode: str) -> Callable[[Case, nn.Module], Runner]:
+    def build(case: Case, model: nn.Module) -> Runner:
+        torch._dynamo.reset()  # no cache entries or recompile counts from another strategy
+        ddp = DDP(model, **case.ddp_kwargs())
+        opt = torch.optim.AdamW(ddp.parameters(), lr=LEARNING_RATE)
+        compiled = compile_module(ddp, mode=mode)
+        # Marks each call as a new iteration, so cudagraph trees never mistake a
+        # training step's forward for a second forward of the previous one.
+        before = torch.compiler.cudagraph_mark_step_begin if mode == "reduce-overhead" else None
+        return StepRunner(
+            case.train_step(compiled, opt),
+            case.device,
+            before_step=before,
+            on_close=torch._dynamo.reset,
+        )
+
+    return build
+
+
+class RecipeRunner(Runner):
+    """The whole-step capture recipe of PyTorch's CUDA graphs documentation, by hand.
+
+    DDP is built inside `torch.cuda.stream(s)` on a side stream; the first 11 calls are
+    eager iterations on `s`; the 12th sets the gradients to None, captures forward,
+    backward and `optimizer.step()` (AdamW with `capturable=True` and the learning rate
+    in a device tensor) with `torch.cuda.graph(g, stream=s)`, and replays it; later
+    calls `copy_` their batch into the static inputs and replay.
+    """
+
+    def __init__(self, case: Case, model: nn.Module) -> None:
+        self._device = case.device
+        caller = torch.cuda.current_stream(case.device)
+        self._stream = torch.cuda.Stream(case.device)
+        self._stream.wait_stream(caller)
+        with torch.cuda.stream(self._stream):
+            self._ddp = DDP(model, **case.ddp_kwargs())
+        caller.wait_stream(self._stream)
+        lr = torch.tensor(LEARNING_RATE, device=case.device)
+        self._opt = torch.optim.AdamW(self._ddp.parameters(), lr=lr, capturable=True)
+        self._fn = case.train_step(self._ddp, self._opt)
+        self._static: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._loss: torch.Tensor | None = None
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._warmed_up = 0
+
+    @property
+    def captured(self) -> bool:
+        return self._graph is not None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self._static is None:
+            self._static = (
+                torch.empty_like(x, device=self._device),
+                torch.empty_like(y, device=self._device),
+            )
+        static_x, static_y = self._static
+        static_x.copy_(x, non_blocking=True)
+        static_y.copy_(y, non_blocking=True)
+        if self._graph is not None:
+            self._graph.replay()
+            assert self._loss is not None
+            return self._loss
+        if self._warmed_up < RECIPE_WARMUP_ITERATIONS:
+            caller = torch.cuda.current_stream(self._device)
+            self._stream.wait_stream(caller)
+            with torch.cuda.stream(self._stream):
+                loss = self._fn(static_x, static_y)
+            caller.wait_stream(self._stream)
+            self._warmed_up += 1
+            return loss
+        return self._capture_and_replay()
+
+    def _capture_and_replay(self) -> torch.Tensor:
+        assert self._static is not None
+        # Gradients allocated during capture then come from the graph's private pool.
+        self._opt.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        start = time.perf_counter()
+        with torch.cuda.graph(graph, stream=self._stream):
+            self._loss = self._fn(*self._static)
+        self.capture_seconds = time.perf_counter() - start
+        self._graph = graph
+        graph.replay()  # recording ran no kernels: this call's step happens now
+        return self._loss
+
+    def close(self) -> None:
+        torch.cuda.synchronize(self._device)
+        if self._graph is not None:
+            self._graph.reset()  # a live graph holds the NCCL communicator
+        self._graph = None
+        self._loss = None
+
+
+class CaptureStepRunner(Runner):
+    """`ddpgraph.capture_step` (or, with `strategy`, `ddpgraph.make_step`) over a model
+    from `ddpgraph.prepare_ddp`.
+
+    With `compile_model`, the step calls `torch.compile(ddp)` (inductor default mode)
+    while `capture_step` is told the DDP module itself, whose reducer it must follow.
+    A change of input device (device-resident batches, then pinned batches from a
+    DataLoader) starts a new `capture_step`, as a training script fed one way would.
+    """
+
+    def __init__(
+        self, case: Case, model: nn.Module, *, compile_model: bool, strategy: str = "whole"
+    ) -> None:
+        self._strategy = strategy
+        self._ddp = prepare_ddp(model, **case.ddp_kwargs())
+        self._opt = torch.optim.AdamW(self._ddp.parameters(), lr=LEARNING_RATE)
+        self._compiled = compile_model
+        if compile_model:
+            torch._dynamo.reset()
+        trained = compile_module(self._ddp, mode="default") if compile_model else self._ddp
+        self._fn = case.train_step(trained, self._opt)
+        self._step: GraphedStep[torch.Tensor] | None = None
+        self._inputs_on: torch.device | None = None
+        self._past: list[tuple[bool, str | None]] = []  # (captured, note) of closed steps
+
+    @property
+    def captured(self) -> bool:
+        states = [captured for captured, _ in self._past]
+        if self._step is not None:
+            states.append(self._step.state is StepState.CAPTURED)
+        return bool(states) and all(states)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self._step is None or x.device != self._inputs_on:
+            self._retire_step()
+            if self._strategy == "whole":
+                self._step = capture_step(self._fn, model=self._ddp, optimizer=self._opt)
+            else:
+                self._step = make_step(
+                    self._fn, model=self._ddp, optimizer=self._opt, strategy=self._strategy  # type: ignore[arg-type]
+                )
+            self._inputs_on = x.device
+        loss = self._step(x, y)
+        if self.capture_seconds is None:
+            self.capture_seconds = self._step.stats.capture_seconds
+        return loss
+
+    def note(self) -> str | None:
+        notes = [note for _, note in self._past]
+        if self._step is not None:
+            notes.append(self._step_note(self._step))
+        unique = list(dict.fromkeys(n for n in notes if n))
+        return "\n".join(unique) or None
+
+    def _step_note(self, step: GraphedStep[torch.Tensor]) -> str | None:
+        reason = step.reason
+        if reason is None:
+            return None
+        if reason.code is Code.NO_CUDA:
+            return f"[{reason.code.value}] {reason.happened}"
+        return f"ran eagerly (inputs on {self._inputs_on}): {reason.format()}"
+
+    def _retire_step(self) -> None:
+        if self._step is None:
+            return
+        self._past.append((self._step.state is StepState.CAPTURED, self._step_note(self._step)))
+        self._step.close()
+        self._step = None
+
+    def close(self) -> None:
+        self._retire_step()
+        if self._compiled:
+            torch._dynamo.reset()
+
+
+for _strategy in (
+    Strategy(
+        "eager",
+        "eager DDP on the default stream, default AdamW",
+        build_eager,
+    ),
+    Strategy(
+        "compile",
+        "torch.compile(ddp) default mode: inductor fusion, no CUDA graphs; optimizer eager",
+        build_compiled("default"),
+        cpu_skip=_COMPILE_ON_CPU,
+    ),
+    Strategy(
+        "reduce-overhead",
+        "torch.compile(ddp, mode='reduce-overhead'): graphs of the compiled pieces, "
+        "all-reduces and optimizer eager between them",
+        build_compiled("reduce-overhead"),
+        cpu_skip="needs CUDA: it records CUDA graphs",
+    ),
+    Strategy(
+        "recipe",
+        "hand-written whole-step graph, PyTorch's documented recipe, no ddpgraph code",
+        RecipeRunner,
+        cpu_skip="needs CUDA: it records a CUDA graph",
+    ),
+    Strategy(
+        "capture_step",
+        "ddpgraph.capture_step with ddpgraph.prepare_ddp: the whole step as one graph",
+        lambda case, model: CaptureStepRunner(case, model, compile_model=False),
+    ),
+    Strategy(
+        "capture_step+compile",
+        "model compiled by inductor (default mode, no graphs of its own), whole step "
+        "captured by capture_step",
+        lambda case, model: CaptureStepRunner(case, model, compile_model=True),
+        cpu_skip=_COMPILE_ON_CPU,
+    ),
+    Strategy(
+        "partial",
+        "ddpgraph.make_step(strategy='partial'): collective-free submodules graphed, "
+        "DDP's all-reduces and the optimizer eager between them",
+        lambda case, model: CaptureStepRunner(case, model, compile_model=False, strategy="partial"),
+        cpu_skip="needs CUDA: it records CUDA graphs",
+    ),
+):
+    register_strategy(_strategy)

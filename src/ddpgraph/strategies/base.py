@@ -1,0 +1,177 @@
+"""What every strategy's step object offers, and the eager call they all fall back on.
+
+A strategy turns the user's training-step function into a step object with the surface
+of `CapturedStep`: call it like the function, read `state`, `reason` and `stats`, and
+`close()` it (or use it as a context manager) before destroying the process group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, TypeVar, get_args
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .. import ddp as ddp_tools
+from ..backends import GraphBackend
+from ..capture import OnFailure, StepState, StepStats
+from ..errors import DdpGraphError
+from ..findings import Code, Finding
+from ..inputs import StaticInputs, flatten_call, stage_leaves, unflatten_call
+from ..streams import hand_over, on_stream
+from .selection import SelectionReport
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+_Self = TypeVar("_Self")
+
+StrategyName = Literal["whole", "partial", "compile", "reduce-overhead", "eager", "auto"]
+STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
+Reason = Finding | SelectionReport
+
+
+class TrainStep(Protocol[R_co]):
+    """The surface every strategy's step has (`CapturedStep` has it too)."""
+
+    @property
+    def state(self) -> StepState: ...
+
+    @property
+    def reason(self) -> Reason | None: ...
+
+    @property
+    def stats(self) -> StepStats: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R_co: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self: _Self) -> _Self: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def eager_stream(model: nn.Module) -> torch.cuda.Stream | None:
+    """The stream eager steps of `model` run on: the one `prepare_ddp` built it on, so
+    eager steps and captured ones share it; None (the caller's stream) otherwise."""
+    return ddp_tools.built_on_stream(model) if isinstance(model, DDP) else None
+
+
+def run_eager(
+    fn: Callable[..., R],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    device: torch.device,
+    stream: torch.cuda.Stream | None,
+) -> R:
+    """One eager call as `capture_step` makes it: CPU tensors staged onto the model's
+    device, the call on `stream`, its outputs handed back to the caller's stream."""
+    leaves, spec = flatten_call(args, kwargs)
+    args, kwargs = unflatten_call(stage_leaves(leaves, device), spec)
+    with on_stream(stream):
+        out = fn(*args, **kwargs)
+    hand_over(out, stream)
+    return out
+
+
+def like_static_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Copies of the tensor arguments laid out as `capture_step`'s static inputs will be
+    (a sliced batch becomes contiguous). TorchDynamo guards on strides: warm-up calls
+    that see the user's layout would make the capture call recompile."""
+    leaves, spec = flatten_call(args, kwargs)
+    return StaticInputs(leaves, spec, device).call_args()
+
+
+class StepBase(Generic[R]):
+    """State, stats, closing and the context manager, for the steps ddpgraph builds
+    around `capture_step` or instead of it."""
+
+    strategy: str = ""
+
+    @property
+    def subject(self) -> str:
+        """How messages name this step."""
+        return f"`make_step(strategy={self.strategy!r})` step"
+
+    def __init__(self) -> None:
+        self._state = StepState.EAGER
+        self._reason: Finding | None = None
+        self._stats = StepStats()
+
+    @property
+    def state(self) -> StepState:
+        return self._state
+
+    @property
+    def reason(self) -> Reason | None:
+        return self._reason
+
+    @property
+    def stats(self) -> StepStats:
+        return self._stats
+
+    def _check_open(self) -> None:
+        if self._state is StepState.CLOSED:
+            raise DdpGraphError(
+                Finding(Code.STEP_CLOSED, "it was closed", "create a new one", subject=self.subject)
+            )
+
+    def close(self) -> None:
+        if self._state is StepState.CLOSED:
+            return
+        self._release()
+        self._state = StepState.CLOSED
+
+    def _release(self) -> None:
+        """Free what the strategy holds (graphs, compiled wrappers)."""
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        reason = f", reason={self.reason.code.value}" if self.reason else ""
+        return f"{type(self).__name__}(strategy={self.strategy}, state={self.state.value}{reason})"
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """The `capture_step` arguments a strategy passes on (see `capture_step`)."""
+
+    warmup_steps: int | None = None
+    on_failure: OnFailure = "eager"
+    on_input_change: OnFailure = "eager"
+    clone_outputs: bool = False
+    stream: torch.cuda.Stream | None = None
+    pool: Any = None
+    backend: GraphBackend | None = None
+    # Further `capture_step` keyword arguments (`generators`, `scaler`, ...).
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def kwargs(self, **override: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "warmup_steps": self.warmup_steps,
+            "on_failure": self.on_failure,
+            "on_input_change": self.on_input_change,
+            "clone_outputs": self.clone_outputs,
+            "stream": self.stream,
+            "pool": self.pool,
+            "backend": self.backend,
+            **self.extra,
+        }
+        out.update(override)
+        return out
+
+    def can_capture(self, device: torch.device) -> bool:
+        """Whether a graph can be recorded for a model on `device` (or a stand-in is given)."""
+        return self.backend is not None or (device.type == "cuda" and torch.cuda.is_available())
+
+    def step_stream(self, model: nn.Module) -> torch.cuda.Stream | None:
+        return self.stream or eager_stream(model)

@@ -1,0 +1,41 @@
+"""`ddpgraph doctor` end to end on CPU: torchrun with two gloo processes, the real
+instrumented workers, the merged report and the exit status."""
+
+from __future__ import annotations
+
+import pytest
+
+from doctor_scripts.expect import marked, run_doctor, summary
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_clean_script_reports_clean_and_passes_arguments() -> None:
+    status, report, output = run_doctor("cpu_clean.py", "--steps", "3")
+    assert status == 0, output[-3000:]
+    assert report["status"] == "clean" and report["findings"] == []
+    assert report["args"] == ["--steps", "3"]
+    assert [r["status"] for r in report["ranks"]] == ["finished", "finished"]
+    assert "step 2 loss" in output  # the script's own output, on stderr with --json
+    assert all(r["doctor_errors"] == [] for r in report["ranks"])
+
+
+def test_failing_script_is_reported_at_its_line_on_every_rank() -> None:
+    status, report, output = run_doctor("cpu_fail.py")
+    assert status == 1, output[-3000:]
+    line = marked("cpu_fail.py")["SCRIPT_FAILED"][None]
+    assert summary(report) == [("SCRIPT_FAILED", [0, 1], line)]
+    assert "target batch_size" in report["findings"][0]["happened"]
+    assert [r["status"] for r in report["ranks"]] == ["failed", "failed"]
+    assert "Traceback" in output  # the script's traceback is still printed
+
+
+def test_hanging_script_is_stopped_and_each_rank_located() -> None:
+    status, report, output = run_doctor("cpu_hang.py", timeout=15)
+    assert status == 1, output[-3000:]
+    assert report["timed_out"] is True
+    lines = marked("cpu_hang.py")["SCRIPT_TIMED_OUT"]
+    assert sorted(summary(report)) == [
+        ("SCRIPT_TIMED_OUT", [0], lines[0]),
+        ("SCRIPT_TIMED_OUT", [1], lines[1]),
+    ]

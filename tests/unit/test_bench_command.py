@@ -1,0 +1,79 @@
+"""`ddpgraph bench` arguments: checked before any worker starts."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from ddpgraph import cli
+from ddpgraph.bench import command, registered
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return cli.build_parser("bench").parse_args(["bench", *argv])
+
+
+def test_defaults_make_the_published_plan() -> None:
+    plan = command.plan_from_args(parse())
+    assert [m.name for m in plan.models] == ["gpt", "resnet18"]
+    assert plan.batch_sizes == {"gpt": [8, 32], "resnet18": [32, 128]}
+    assert plan.strategies == [s for s in registered() if s.available]
+    s = plan.settings
+    assert (s.steps, s.warmup, s.window, s.timed_steps) == (60, 20, 5, 60)
+    assert s.dataloader and s.profile_steps == 5
+    assert plan.amp == "bf16"
+
+
+def test_arguments_reach_the_plan() -> None:
+    plan = command.plan_from_args(
+        parse(
+            "--model",
+            "mlp",
+            "--batch-sizes",
+            "4,16",
+            "--strategies",
+            "capture_step,eager",
+            "--steps",
+            "24",
+            "--warmup",
+            "12",
+            "--no-data-loader",
+            "--amp",
+            "off",
+            "--profile-steps",
+            "0",
+        )
+    )
+    assert plan.batch_sizes == {"mlp": [4, 16]}
+    assert [s.name for s in plan.strategies] == ["eager", "capture_step"]
+    assert (plan.settings.steps, plan.settings.window, plan.settings.warmup) == (24, 2, 12)
+    assert not plan.settings.dataloader and plan.settings.profile_steps == 0
+    assert plan.amp == "off"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--warmup", "5"], "[INVALID_ARGUMENT] `--warmup`: expected at least 12, got 5"),
+        (["--steps", "0"], "[INVALID_ARGUMENT] `--steps`: expected at least 1, got 0"),
+        (["--strategies", "eager,turbo"], "got 'turbo'"),
+        (["--model", "bert"], "[INVALID_ARGUMENT] `--model`: expected one of gpt, mlp, resnet18"),
+        (["--model", ","], "expected at least one model, got none"),
+        (["--batch-sizes", "gpt=eight"], "[INVALID_ARGUMENT] `--batch-sizes`"),
+    ],
+)
+def test_bad_arguments_exit_2_with_the_finding(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert command.main(parse(*argv), argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert "HINT:" in err
+
+
+def test_list_strategies(capsys: pytest.CaptureFixture[str]) -> None:
+    assert command.main(parse("--list-strategies"), ["--list-strategies"]) == 0
+    out = capsys.readouterr().out
+    for name in ("eager", "reduce-overhead", "recipe", "capture_step+compile", "partial"):
+        assert name in out

@@ -1,0 +1,175 @@
+"""The strategy registry, and running strategies in one process (gloo, CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import ddpgraph
+from ddpgraph.bench import (
+    Case,
+    Runner,
+    Strategy,
+    StrategyResult,
+    register_strategy,
+    registered,
+    select,
+)
+from ddpgraph.bench import registry as registry_module
+from ddpgraph.bench.control import Control, PhaseFailed, short_error
+from ddpgraph.bench.feeds import host_batches
+from ddpgraph.bench.measure import Settings, run_strategy
+from ddpgraph.bench.workloads import resolve_model
+
+MODELS = Path(__file__).parent.parent / "scenarios" / "bench_models.py"
+BUILT_IN = [
+    "eager",
+    "compile",
+    "reduce-overhead",
+    "recipe",
+    "capture_step",
+    "capture_step+compile",
+    "partial",
+]
+QUICK = Settings(steps=4, warmup=12, window=2, profile_steps=0, dataloader=True, loader_workers=0)
+
+
+@pytest.fixture
+def own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registrations in a test do not outlive it."""
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+
+
+def test_built_in_strategies_in_order() -> None:
+    assert [s.name for s in registered()] == BUILT_IN
+    assert [s.name for s in select(None)] == BUILT_IN
+
+
+def test_select_keeps_registry_order_and_rejects_unknown_names() -> None:
+    assert [s.name for s in select(["capture_step", "eager"])] == ["eager", "capture_step"]
+    with pytest.raises(ddpgraph.DdpGraphUsageError) as info:
+        select(["eager", "cudagraphs", "fast"])
+    text = str(info.value)
+    assert text.startswith("[INVALID_ARGUMENT] `--strategies`: expected names from eager, compile")
+    assert "got 'cudagraphs', 'fast'" in text
+
+
+def test_only_eager_strategies_run_on_cpu() -> None:
+    runs_on_cpu = [s.name for s in registered() if s.skip_reason(on_cuda=False) is None]
+    assert runs_on_cpu == ["eager", "capture_step"]
+    runs_on_gpu = [s.name for s in registered() if s.skip_reason(on_cuda=True) is None]
+    assert runs_on_gpu == BUILT_IN
+    partial = registry_module._REGISTRY["partial"]
+    assert (partial.skip_reason(on_cuda=False) or "").startswith("needs CUDA")
+
+
+@pytest.mark.usefixtures("own_registry")
+def test_register_strategy() -> None:
+    def build(case: Case, model: nn.Module) -> Runner:
+        raise NotImplementedError
+
+    mine = register_strategy(Strategy("mine", "my way", build))
+    assert registered()[-1] is mine and mine in select(None)
+    with pytest.raises(
+        ddpgraph.DdpGraphUsageError, match="a strategy named 'mine' is already registered"
+    ):
+        register_strategy(Strategy("mine", "again", build))
+    register_strategy(Strategy("mine", "again", build), replace=True)
+    assert registry_module._REGISTRY["mine"].summary == "again"
+    with pytest.raises(ddpgraph.DdpGraphUsageError, match="expected a `build` function"):
+        register_strategy(Strategy("slot", "later", None))
+
+
+def _case(factory: str = "tiny", batch_size: int = 4) -> Case:
+    workload = resolve_model(f"{MODELS}:{factory}").workload
+    return Case(workload, batch_size, torch.device("cpu"), None)
+
+
+def _run(strategy: Strategy, case: Case, settings: Settings = QUICK) -> StrategyResult:
+    batches = host_batches(case.workload, case.batch_size, rank=0)
+    return run_strategy(strategy, case, batches, settings, Control(), profile_here=False)
+
+
+@pytest.mark.usefixtures("process_group")
+def test_eager_and_capture_step_train_identically_on_cpu() -> None:
+    case = _case()
+    eager = _run(registry_module._REGISTRY["eager"], case)
+    captured = _run(registry_module._REGISTRY["capture_step"], case)
+    for result in (eager, captured):
+        assert result.status == "ok", result.reason
+        assert set(result.feeds) == {"device", "dataloader"}
+        assert len(result.feeds["device"].window_ms) == 2
+        assert result.feeds["device"].ms_per_step > 0
+        assert result.peak_memory_mib is None and result.kernel_ms_per_step is None
+    # Same weights, same batches, same optimizer (on CPU capture_step runs eagerly).
+    assert eager.final_loss == captured.final_loss
+    assert captured.captured is False
+    assert captured.note is not None and captured.note.startswith("[NO_CUDA]")
+    assert eager.note is None and eager.captured is None
+
+
+@pytest.mark.usefixtures("process_group")
+def test_skipped_strategies_say_why() -> None:
+    for name in ("compile", "reduce-overhead", "recipe", "capture_step+compile", "partial"):
+        result = _run(registry_module._REGISTRY[name], _case())
+        assert result.status == "skipped" and result.reason, name
+        assert result.feeds == {}
+
+
+@pytest.mark.usefixtures("process_group")
+def test_a_failing_strategy_is_recorded_not_raised() -> None:
+    result = _run(registry_module._REGISTRY["eager"], _case("broken"))
+    assert result.status == "failed"
+    assert (
+        result.reason
+        == "failed during warm-up (rank 0: RuntimeError: this model cannot run forward)"
+    )
+    assert result.wall_s is not None
+
+
+@pytest.mark.usefixtures("process_group")
+def test_runner_is_closed_even_after_a_failure() -> None:
+    closed: list[bool] = []
+
+    class Failing(Runner):
+        def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+
+        def close(self) -> None:
+            closed.append(True)
+
+    strategy = Strategy("failing", "fails", lambda case, model: Failing())
+    result = _run(strategy, _case())
+    assert closed == [True]
+    assert result.reason is not None and "OutOfMemoryError: CUDA out of memory" in result.reason
+
+
+@pytest.mark.usefixtures("process_group")
+def test_without_the_dataloader_feed() -> None:
+    result = _run(
+        registry_module._REGISTRY["eager"], _case(), dataclasses.replace(QUICK, dataloader=False)
+    )
+    assert set(result.feeds) == {"device"}
+
+
+@pytest.mark.usefixtures("process_group")
+def test_control_phase_reports_the_failing_ranks() -> None:
+    control = Control()
+    assert control.phase("build", lambda: 7) == 7
+    with pytest.raises(PhaseFailed) as info:
+        control.phase("build", lambda: 1 / 0)
+    assert info.value.errors == {0: "ZeroDivisionError: division by zero"}
+    assert PhaseFailed("timing", {0: "E: x", 1: "E: x", 3: "E: y"}).describe() == (
+        "failed during timing (ranks 0-1: E: x; rank 3: E: y)"
+    )
+
+
+def test_short_error_keeps_the_head() -> None:
+    long = RuntimeError("first\n\nsecond\nthird\nfourth\nfifth")
+    assert short_error(long) == "RuntimeError: first / second / third / fourth"
+    assert short_error(KeyError()) == "KeyError"
+    assert len(short_error(ValueError("x" * 5000))) == 600

@@ -1,0 +1,171 @@
+"""Calls whose arguments differ from the captured ones, and arguments ddpgraph refuses."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import ddpgraph
+from ddpgraph import Code, StepState
+from ddpgraph.ddp import forward_counter
+
+
+def _graph_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
+
+
+def test_changed_shape_runs_eagerly_and_warns_once(make_run, batches, same) -> None:
+    data = batches(18)
+    small = batches(2, size=5, seed=7)
+    data[13], data[15] = small  # two odd batches after capture (call 12)
+    ref = make_run(graph_safe=True)
+    expected = ref.train(data)
+
+    run = make_run()
+    step = run.capture()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = run.train(data, step)
+
+    assert got.states == ["warmup"] * 11 + ["captured"] * 7  # odd batches never leave capture
+    [message] = _graph_warnings(caught)
+    assert message.startswith(
+        "[INPUT_SIGNATURE_CHANGED] `CapturedStep` call: input `args[0]` changed"
+    )
+    assert "(8, 16) float32 on cpu" in message and "(5, 16) float32 on cpu" in message
+    assert "HINT:" in message
+    s = step.stats
+    assert (s.input_changes, s.eager_steps, s.replays, s.captures) == (2, 2, 5, 1)
+    assert got.losses == expected.losses
+    assert same(run.params(), ref.params())
+    assert same(run.buffers(), ref.buffers())
+
+
+def test_changed_target_dtype_is_detected(make_run, batches) -> None:
+    data = batches(13)
+    x, y = data[12]
+    data[12] = (x, y.to(torch.uint8))
+    run = make_run()
+    step = run.capture()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.train(data, step)
+    [message] = _graph_warnings(caught)
+    assert "`args[1]`" in message and "int64" in message and "uint8" in message
+    assert step.stats.input_changes == 1
+
+
+def test_changed_constant_argument_is_detected(make_run, batches) -> None:
+    run = make_run()
+
+    def fn(x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+        return run.step(x * scale, y)
+
+    step = ddpgraph.capture_step(
+        fn,
+        model=run.model,
+        optimizer=run.optimizer,
+        backend=ddpgraph.PassThroughBackend(),
+        on_input_change="raise",
+    )
+    data = batches(13)
+    for x, y in data[:12]:
+        step(x, y, 1.0)
+    with pytest.raises(
+        ddpgraph.DdpGraphError, match=r"argument `args\[2\]` changed from 1.0 to 0.5"
+    ):
+        step(*data[12], 0.5)
+
+
+def test_on_input_change_raise(make_run, batches) -> None:
+    data = batches(14)
+    run = make_run()
+    step = run.capture(on_input_change="raise")
+    for x, y in data[:12]:
+        step(x, y)
+    params, buffers = run.params(), run.buffers()
+    x, y = data[12]
+    with pytest.raises(ddpgraph.DdpGraphError) as info:
+        step(x[:5], y[:5])
+    err = info.value
+    assert not isinstance(err, ddpgraph.DdpGraphUsageError)
+    assert err.code is Code.INPUT_SIGNATURE_CHANGED
+    assert "`args[0]`" in str(err) and "(8, 16)" in str(err) and "(5, 16)" in str(err)
+    assert "HINT:" in str(err)
+    # Nothing ran, and the step stays captured for well-formed batches.
+    assert all(torch.equal(a, b) for a, b in zip(params, run.params(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(buffers, run.buffers(), strict=True))
+    assert step.state is StepState.CAPTURED
+    replays = step.stats.replays
+    step(*data[13])
+    assert step.stats.replays == replays + 1
+
+
+def test_unsupported_argument_is_refused_before_running(make_run, batches) -> None:
+    class Batch:
+        def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+            self.x, self.y = x, y
+
+    run = make_run()
+    step = ddpgraph.capture_step(
+        lambda b: run.step(b.x, b.y),
+        model=run.model,
+        optimizer=run.optimizer,
+        backend=ddpgraph.PassThroughBackend(),
+    )
+    params = run.params()
+    counter = forward_counter(run.model)
+    assert counter is not None
+    with pytest.raises(ddpgraph.DdpGraphUsageError) as info:
+        step(Batch(*batches(1)[0]))
+    assert info.value.code is Code.UNSUPPORTED_INPUT
+    text = str(info.value)
+    assert "`args[0]` is a Batch" in text and "HINT:" in text and "register_pytree_node" in text
+    assert counter.count == 0
+    assert all(torch.equal(a, b) for a, b in zip(params, run.params(), strict=True))
+
+
+def _eval_for_one_call(run, at: int):
+    def before(i: int) -> None:
+        if i == at:
+            run.model.eval()
+        if i == at + 1:
+            run.model.train()
+
+    return before
+
+
+def test_eval_mode_call_after_capture_runs_eagerly(make_run, batches, same) -> None:
+    data = batches(16)
+    ref = make_run(graph_safe=True)
+    expected = ref.train(data, before=_eval_for_one_call(ref, 13))
+
+    run = make_run()
+    step = run.capture()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = run.train(data, step, before=_eval_for_one_call(run, 13))
+
+    assert got.states == ["warmup"] * 11 + ["captured"] * 5
+    [message] = _graph_warnings(caught)
+    assert message.startswith("[MODEL_MODE_CHANGED] `CapturedStep` call:")
+    assert "captured with the model in train mode and is called in eval mode" in message
+    s = step.stats
+    assert (s.input_changes, s.eager_steps, s.replays) == (1, 1, 4)
+    assert got.losses == expected.losses
+    assert same(run.params(), ref.params())
+    assert same(run.buffers(), ref.buffers())  # eval mode left the statistics alone
+
+
+def test_eval_mode_call_with_raise(make_run, batches) -> None:
+    run = make_run()
+    step = run.capture(on_input_change="raise")
+    data = batches(13)
+    for x, y in data[:12]:
+        step(x, y)
+    run.model.eval()
+    with pytest.raises(ddpgraph.DdpGraphError) as info:
+        step(*data[12])
+    assert info.value.code is Code.MODEL_MODE_CHANGED

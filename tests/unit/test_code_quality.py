@@ -1,0 +1,30 @@
+"""The code passes the project's lint and type checks (ruff and mypy, configured in
+pyproject.toml), so CI fails on either."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, check=False
+    )
+
+
+@pytest.mark.skipif(_run("ruff", "--version").returncode != 0, reason="ruff not installed")
+def test_ruff_is_clean() -> None:
+    result = _run("ruff", "check", "src", "tests", "scripts")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.skipif(_run("mypy", "--version").returncode != 0, reason="mypy not installed")
+def test_mypy_is_clean() -> None:
+    result = _run("mypy")
+    assert result.returncode == 0, result.stdout + result.stderr
