@@ -3,6 +3,8 @@
 #
 #   scripts/gpu_suite.sh [tests] [demo] [bench]      (default: all three)
 #
+# Each stage has a time limit (TESTS_TIMEOUT, DEMO_TIMEOUT, BENCH_TIMEOUT, in seconds), so
+# a stage that runs long still leaves the summary of the others.
 # Written for the lent GPU machine, which reaches no package registry: the project is
 # installed without dependencies (the image has torch, rich, matplotlib, pytest) and
 # everything lands in at most 8 files under $OUT.
@@ -31,16 +33,16 @@ cat "$OUT/env.txt"
 
 if [[ " $STAGES " == *" tests "* ]]; then
   echo "== GPU tests" | tee -a "$LOG"
-  python3 -m pytest -m gpu ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider --basetemp="$DEBUG/pytest" \
+  timeout "${TESTS_TIMEOUT:-1800}" python3 -m pytest -m gpu ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider --basetemp="$DEBUG/pytest" \
     --junitxml="$OUT/junit.xml" 2>&1 | tee -a "$LOG"
 fi
 if [[ " $STAGES " == *" demo "* ]]; then
   echo "== demo" | tee -a "$LOG"
-  ddpgraph demo --json "$OUT/demo.json" 2>&1 | tee -a "$LOG"
+  timeout "${DEMO_TIMEOUT:-600}" ddpgraph demo --json "$OUT/demo.json" 2>&1 | tee -a "$LOG"
 fi
 if [[ " $STAGES " == *" bench "* ]] && python3 -c "import ddpgraph.bench.command" 2>/dev/null; then
   echo "== bench" | tee -a "$LOG"
-  ddpgraph bench ${BENCH_ARGS:---model gpt,resnet18} --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee -a "$LOG"
+  timeout "${BENCH_TIMEOUT:-1200}" ddpgraph bench ${BENCH_ARGS:---model gpt,resnet18} --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee -a "$LOG"
 fi
 python3 scripts/gpu_summary.py "$OUT" > "$OUT/summary.md" 2>>"$LOG"
 tar -czf "$OUT/debug.tar.gz" -C "$DEBUG" . 2>/dev/null

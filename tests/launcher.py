@@ -16,6 +16,12 @@ SCENARIOS = Path(__file__).parent / "scenarios"
 REPO = Path(__file__).parent.parent
 
 
+def gpu_world() -> int:
+    """Processes (one per GPU) the GPU tests launch: 2 unless DDPGRAPH_GPU_WORLD says
+    otherwise (1 runs the same scenarios on a one-GPU machine, without the cross-rank part)."""
+    return int(os.environ.get("DDPGRAPH_GPU_WORLD", "2"))
+
+
 def torchrun_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(

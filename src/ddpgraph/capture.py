@@ -20,13 +20,12 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
-from torch.utils._pytree import tree_map
 
 from . import ddp as ddp_tools
 from .agreement import Decision, Outcome, agree
@@ -47,6 +46,7 @@ from .inputs import (
 )
 from .optim import HyperparamGuard, TensorHyperparams, baked_finding, graph_safe_optimizer
 from .probe import host_sync_probe
+from .replay import OnFailure, Recording, UnservedCalls
 from .rng import generators_refusal, keep_states
 from .snapshot import TrainingSnapshot
 from .streams import hand_over, on_stream
@@ -54,7 +54,6 @@ from .warmup import MIN_WARMUP_ITERATIONS, default_warmup_steps, steps_until_cap
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
-OnFailure = Literal["eager", "raise"]
 
 # Warm-up steps for a model without DDP: enough for lazy initialisation (cuDNN
 # autotuning, optimizer state) to happen outside the capture.
@@ -117,9 +116,7 @@ class CapturedStep(Generic[R]):
         self._state = StepState.WARMUP
         self._reason: Finding | None = None
         self._findings: list[Finding] = []
-        self._graph: CapturedGraph | None = None
-        self._static: StaticInputs | None = None
-        self._signature: Signature | None = None
+        self._recording: Recording[R] | None = None
         self._guards: list[HyperparamGuard] = []
         self._captured_state: list[dict[Any, dict[str, Any]]] = []
         self._captured_params: list[nn.Parameter] = []
@@ -127,7 +124,7 @@ class CapturedStep(Generic[R]):
         self._captured_forward_sync = True
         self._captured_buffer_sync = False
         self._probed = False
-        self._warned_input_change = False
+        self._unserved = UnservedCalls(on_input_change)
         self._hooks: list[Any] = []
         self._tensor_lrs: list[TensorHyperparams] = []
 
@@ -387,7 +384,7 @@ class CapturedStep(Generic[R]):
         elapsed = time.perf_counter() - start
         decision = agree(outcome, self._group, self._device)
         if decision.ok and graph is not None:
-            self._graph, self._static, self._signature = graph, static, signature
+            self._recording = Recording(graph, static, signature, self._clone_outputs)
             self._captured_buffer_sync = buffer_sync
             self._state = StepState.CAPTURED
             self.stats.captures += 1
@@ -411,11 +408,12 @@ class CapturedStep(Generic[R]):
         return self._run_eager(leaves, spec)
 
     def _replay(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
-        assert self._signature is not None
-        if not self._signature.matches(leaves, spec):
-            return self._changed_input(args, kwargs, leaves, spec)
+        assert self._recording is not None
+        if not self._recording.serves(leaves, spec):
+            changed = self._recording.changed_input(args, kwargs, "`CapturedStep` call", current_rank())
+            return self._eager_instead(changed, leaves, spec)
         if self._model.training is not self._captured_training:
-            return self._changed_mode(leaves, spec)
+            return self._eager_instead(self._changed_mode(), leaves, spec)
         if ddp_tools.will_sync_buffers(self._model) is not self._captured_buffer_sync:
             # The first step after an eval forward: eager DDP skips its buffer broadcast
             # there, the graph would not. Expected, so counted but not warned about.
@@ -431,57 +429,33 @@ class CapturedStep(Generic[R]):
         return self._replay_now(leaves)
 
     def _replay_now(self, leaves: list[Any]) -> R:
-        assert self._static is not None and self._graph is not None
-        self._static.copy_in(leaves)
-        self._graph.replay()
+        assert self._recording is not None
+        outputs = self._recording.replay(leaves)
         if isinstance(self._model, DDP):
             # A replay runs no Python. DDP's forward leaves this flag set, and it decides
             # whether the next forward broadcasts buffers; an eval forward in between
             # clears it, which would make that eval skip the broadcast eager training does.
             self._model.require_forward_param_sync = self._captured_forward_sync
         self.stats.replays += 1
-        outputs = self._graph.outputs
-        if self._clone_outputs:
-            return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, outputs)  # type: ignore[no-any-return]
-        return outputs  # type: ignore[no-any-return]
+        return outputs
 
-    def _changed_input(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
-    ) -> R:
-        assert self._signature is not None
-        finding = Finding(
-            Code.INPUT_SIGNATURE_CHANGED,
-            self._signature.describe_change(args, kwargs) + "; the graph cannot replay it",
-            subject="`CapturedStep` call",
-            ranks=(current_rank(),),
-        )
-        return self._eager_instead(finding, leaves, spec)
-
-    def _changed_mode(self, leaves: list[Any], spec: Any) -> R:
+    def _changed_mode(self) -> Finding:
         captured = "train" if self._captured_training else "eval"
         now = "train" if self._model.training else "eval"
-        finding = Finding(
+        return Finding(
             Code.MODEL_MODE_CHANGED,
             f"the step was captured with the model in {captured} mode and is called in {now} mode",
             subject="`CapturedStep` call",
             ranks=(current_rank(),),
         )
-        return self._eager_instead(finding, leaves, spec)
 
     def _eager_instead(self, finding: Finding, leaves: list[Any], spec: Any) -> R:
         """One call the graph cannot serve runs eagerly; the graph stays for later calls."""
-        if self._on_input_change == "raise":
-            raise DdpGraphError(finding)
+        self._unserved.admit(
+            finding, "This step runs eagerly, and so will later calls that the graph cannot serve"
+        )
         self.stats.input_changes += 1
         self.stats.eager_steps += 1
-        if not self._warned_input_change:
-            self._warned_input_change = True
-            warnings.warn(
-                f"{finding.format()}\nThis step runs eagerly, and so will later calls that "
-                "the graph cannot serve (warned once).",
-                DdpGraphWarning,
-                stacklevel=4,
-            )
         return self._run_eager(leaves, spec)
 
     # ----------------------------------------------------------------- decisions
@@ -517,11 +491,9 @@ class CapturedStep(Generic[R]):
         log.info("not capturing: %s", finding.format())
 
     def _drop_graph(self) -> None:
-        if self._graph is not None:
-            self._graph.release()
-        self._graph = None
-        self._static = None
-        self._signature = None
+        if self._recording is not None:
+            self._recording.release()
+        self._recording = None
         self._guards = []
         self._captured_state = []
         self._captured_params = []

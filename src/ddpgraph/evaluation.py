@@ -40,18 +40,18 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils._pytree import tree_map
 
 from . import ddp as ddp_tools
 from .agreement import Decision, Outcome, agree
 from .backends import CapturedGraph, CaptureError, CudaGraphBackend, GraphBackend
-from .capture import OnFailure, StepState
+from .capture import StepState
 from .diagnose import finding_from_capture_error
 from .distributed import current_rank
 from .errors import DdpGraphError, DdpGraphWarning, usage_error
 from .findings import Code, Finding
 from .inputs import Signature, StaticInputs, check_supported, flatten_call, leaf_paths
 from .probe import host_sync_probe
+from .replay import OnFailure, Recording, UnservedCalls
 from .strategies.base import StepBase, like_static_inputs, run_eager
 from .strategies.dynamo import compile_count
 from .streams import capture_stream
@@ -122,13 +122,11 @@ class CapturedEval(StepBase[R]):
         self._group = model.process_group if isinstance(model, DDP) else None
         self._shared = isinstance(model, DDP)  # its collectives make every decision shared
         self._state = StepState.WARMUP
-        self._graph: CapturedGraph | None = None
-        self._static: StaticInputs | None = None
-        self._signature: Signature | None = None
+        self._recording: Recording[R] | None = None
         self._training_captures = 0
         self._extra_warmup = 0
         self._probed = False
-        self._warned = False
+        self._unserved = UnservedCalls(on_input_change)
         self._backend: GraphBackend | None = backend
         self._stream = stream
         if self._device.type == "cuda" and torch.cuda.is_available():
@@ -226,8 +224,8 @@ class CapturedEval(StepBase[R]):
             outcome = Outcome(current_rank(), False, [finding_from_capture_error(err)])
         decision = self._agree(outcome)
         if decision.ok and graph is not None:
-            self._graph, self._static = graph, static
-            self._signature = Signature(leaves, spec, leaf_paths(args, kwargs))
+            signature = Signature(leaves, spec, leaf_paths(args, kwargs))
+            self._recording = Recording(graph, static, signature, self._clone)
             self._state = StepState.CAPTURED
             self.stats.captures += 1
             self.stats.capture_seconds = time.perf_counter() - start
@@ -241,34 +239,21 @@ class CapturedEval(StepBase[R]):
         return self._eager(args, kwargs)
 
     def _replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
-        assert self._signature is not None
+        assert self._recording is not None
         leaves, spec = flatten_call(args, kwargs)
-        if not self._signature.matches(leaves, spec):
-            finding = Finding(
-                Code.INPUT_SIGNATURE_CHANGED,
-                self._signature.describe_change(args, kwargs) + "; the graph cannot replay it",
-                subject="`CapturedEval` call",
-                ranks=(current_rank(),),
-            )
-            if self._on_input_change == "raise":
-                raise DdpGraphError(finding)
+        if not self._recording.serves(leaves, spec):
+            changed = self._recording.changed_input(args, kwargs, "`CapturedEval` call", current_rank())
+            self._unserved.admit(changed, "This call runs eagerly")
             self.stats.input_changes += 1
             self.stats.eager_steps += 1
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"{finding.format()}\nThis call runs eagerly (warned once).", DdpGraphWarning, stacklevel=4)
             return self._eager(args, kwargs)
         return self._replay_now(leaves)
 
     def _replay_now(self, leaves: list[Any]) -> R:
-        assert self._static is not None and self._graph is not None
-        self._static.copy_in(leaves)
-        self._graph.replay()
+        assert self._recording is not None
+        outputs: R = self._recording.replay(leaves)
         self.stats.replays += 1
-        outputs = self._graph.outputs
-        if self._clone:
-            return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, outputs)  # type: ignore[no-any-return]
-        return outputs  # type: ignore[no-any-return]
+        return outputs
 
     # ------------------------------------------------------------------ decisions
     def _agree(self, outcome: Outcome) -> Decision:
@@ -291,11 +276,9 @@ class CapturedEval(StepBase[R]):
         log.info("evaluation not captured: %s", finding.format())
 
     def _drop_graph(self) -> None:
-        if self._graph is not None:
-            self._graph.release()
-        self._graph = None
-        self._static = None
-        self._signature = None
+        if self._recording is not None:
+            self._recording.release()
+        self._recording = None
 
 
 def _compiled_during_capture() -> Finding:

@@ -100,6 +100,18 @@ class CallRecord:
     syncs: list[Any] = field(default_factory=list)  # host syncs seen inside it
 
 
+def _detached(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Recorded arguments without their autograd history. Kept with it, they would keep
+    the sample forward's autograd graph alive, and with it the parameters' gradient
+    accumulators bound to the stream the sample ran on, which then breaks the capture of
+    backward ("operation would make the legacy stream depend on a capturing blocking
+    stream"), as seen on an H200 when graphing a model on the default stream."""
+    return tuple(
+        v.detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
+        for v in values
+    )
+
+
 class Recorder:
     """Forward hooks on every submodule of `root` for one forward: each submodule's first
     arguments, call count and state, and (with `sync_events`, the list a
@@ -134,8 +146,8 @@ class Recorder:
             self.records[name] = CallRecord(
                 module,
                 1,
-                args,
-                dict(kwargs),
+                _detached(args),
+                {k: _detached((v,))[0] for k, v in kwargs.items()},
                 module.training,
                 torch.is_grad_enabled(),
                 AutocastState.current(self._device_type),

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import gpu_world, ok, run_scenarios
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
@@ -38,7 +38,7 @@ NAMES = [
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("gpu_core")
-    return run_scenarios("gpu_core.py", NAMES, Path(out), nproc=2, timeout=900)
+    return run_scenarios("gpu_core.py", NAMES, Path(out), nproc=gpu_world(), timeout=900)
 
 
 def test_gpt_training_matches_eager(results: dict[str, list[dict[str, Any]]]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import gpu_world, ok, run_scenarios
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
@@ -39,7 +39,7 @@ Results = dict[str, list[dict[str, Any]]]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("gpu_strategies")
-    return run_scenarios("gpu_strategies.py", NAMES, Path(out), nproc=2, timeout=900)
+    return run_scenarios("gpu_strategies.py", NAMES, Path(out), nproc=gpu_world(), timeout=900)
 
 
 def _statuses(report: dict[str, Any]) -> dict[str, str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import gpu_world, ok, run_scenarios
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
@@ -31,7 +31,7 @@ Results = dict[str, list[dict[str, Any]]]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("gpu_training")
-    return run_scenarios("gpu_training.py", NAMES, Path(out), nproc=2, timeout=600)
+    return run_scenarios("gpu_training.py", NAMES, Path(out), nproc=gpu_world(), timeout=600)
 
 
 def _close(r: dict[str, Any], what: str) -> None:
@@ -113,10 +113,16 @@ def test_evaluation_between_steps_changes_nothing(results: Results) -> None:
     for r in ok(results["evaluation"]):
         for how in ("ddp", "module"):
             v = r[how]
-            # Through DDP, the first step after each eval forward runs eagerly: eager DDP
-            # skips its buffer broadcast there (evals after steps 14, 18 and 22).
-            eager = 3 if how == "ddp" else 0
-            _captured(v, f"eval/{how}", 24 - 11 - eager)
-            assert v["stats"]["eager_steps"] == eager
+            if how == "ddp":
+                # Through DDP, eager DDP skips its buffer broadcast in the first training
+                # forward after an eval forward: the capture waits one step (an eval
+                # follows step 10), and the steps after later evals (14, 18, 22) run
+                # eagerly. Seen so on 2 x H200.
+                assert v["state"] == "captured", v["reason"]
+                assert v["stats"]["warmup_steps"] == 12 and v["stats"]["replays"] == 9
+                assert v["stats"]["eager_steps"] == 3
+            else:
+                _captured(v, f"eval/{how}", 24 - 11)
+                assert v["stats"]["eager_steps"] == 0
             assert v["evals"] == 12 and v["eval_rel_diff"] <= TOL, (how, v["eval_rel_diff"])
             _close(v, f"eval/{how} rank {r['rank']}")

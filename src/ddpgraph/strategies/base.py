@@ -17,10 +17,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import ddp as ddp_tools
 from ..backends import GraphBackend
-from ..capture import OnFailure, StepState, StepStats
+from ..capture import StepState, StepStats
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
 from ..inputs import StaticInputs, flatten_call, stage_leaves, unflatten_call
+from ..replay import OnFailure
 from ..streams import hand_over, on_stream
 from .selection import SelectionReport
 

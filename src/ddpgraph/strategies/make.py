@@ -13,11 +13,12 @@ from torch.optim import Optimizer
 
 from .. import ddp as ddp_tools
 from ..backends import GraphBackend
-from ..capture import OnFailure, as_optimizers, capture_step
+from ..capture import as_optimizers, capture_step
 from ..errors import DdpGraphError, DdpGraphUsageError, usage_error
 from ..findings import Code, Finding
 from ..optim import graph_safe_optimizer
 from ..partial import DEFAULT_TOLERANCE, Grapher
+from ..replay import OnFailure
 from .auto import AutoStep
 from .base import STRATEGY_NAMES, CaptureOptions, R, StrategyName, TrainStep
 from .compiled import CompiledStep
