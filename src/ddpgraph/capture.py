@@ -46,7 +46,7 @@ from .inputs import (
 )
 from .optim import HyperparamGuard, TensorHyperparams, baked_finding, graph_safe_optimizer
 from .probe import host_sync_probe
-from .replay import OnFailure, Recording, UnservedCalls
+from .replay import OnFailure, Recording, UnservedCalls, check_policies
 from .rng import generators_refusal, keep_states
 from .snapshot import TrainingSnapshot
 from .streams import hand_over, on_stream
@@ -708,13 +708,7 @@ def capture_step(
             "pass the DDP model the step trains (from `ddpgraph.prepare_ddp`)",
         )
     optimizers = as_optimizers(optimizer)
-    for name, value in (("on_failure", on_failure), ("on_input_change", on_input_change)):
-        if value not in ("eager", "raise"):
-            raise usage_error(
-                f"`capture_step({name}=...)`",
-                f"expected 'eager' or 'raise', got {value!r}",
-                f"use {name}='eager' to keep training eagerly or {name}='raise' to stop",
-            )
+    check_policies("capture_step", on_failure, on_input_change)
     if scaler is not None and not isinstance(scaler, GraphSafeGradScaler):
         raise DdpGraphUsageError(
             Finding(

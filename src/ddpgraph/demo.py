@@ -78,8 +78,8 @@ def run(info: DistInfo, args: argparse.Namespace) -> tuple[list[RunResult], str]
     gen = torch.Generator().manual_seed(1234 + info.rank)
     batches = [workload.make_batch(args.batch, gen, info.device) for _ in range(16)]
     runs: list[tuple[str, Callable[..., RunResult]]] = [
-        ("eager DDP, default AdamW", _eager_default),
-        ("eager DDP, graph-safe AdamW", _eager_graph_safe),
+        ("eager DDP, default AdamW", _eager(graph_safe=False)),
+        ("eager DDP, graph-safe AdamW", _eager(graph_safe=True)),
         ("capture_step", _captured),
     ]
     results: list[RunResult] = []
@@ -135,35 +135,34 @@ def _loop(
     return RunResult(name, timing.median_ms, timing.spread_ms, [float(v) for v in losses], params)
 
 
-def _eager_default(name, info, workload, options, batches, steps, tick):  # type: ignore[no-untyped-def]
+def _training(info: DistInfo, workload: Workload, steps: int, *, prepared: bool):  # type: ignore[no-untyped-def]
+    """The model, optimizer and schedule every run starts from."""
     model = _model(info, workload)
-    ddp = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+    ids = [info.device.index] if info.device.type == "cuda" else None
+    ddp = prepare_ddp(model, device_ids=ids) if prepared else DDP(model, device_ids=ids)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(steps))
-    step = make_train_step(ddp, opt, workload.loss, options)
-    return _loop(name, step, sched, ddp, info, batches, steps, tick)
+    return ddp, opt, sched
 
 
-def _eager_graph_safe(name, info, workload, options, batches, steps, tick):  # type: ignore[no-untyped-def]
+def _eager(graph_safe: bool) -> Callable[..., RunResult]:
     # Plain DDP on the default stream: a model from prepare_ddp belongs to the capture
     # stream, and training it on another stream is what capture_step avoids.
-    model = _model(info, workload)
-    ddp = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(steps))
-    # Converted after the scheduler exists, as capture_step converts in the captured run:
-    # a scheduler built before computes learning rates in float64, one built after in
-    # float32, and the two differ in the last bit.
-    graph_safe_optimizer(opt)
-    step = make_train_step(ddp, opt, workload.loss, options)
-    return _loop(name, step, sched, ddp, info, batches, steps, tick)
+    def run(name, info, workload, options, batches, steps, tick):  # type: ignore[no-untyped-def]
+        ddp, opt, sched = _training(info, workload, steps, prepared=False)
+        if graph_safe:
+            # Converted after the scheduler exists, as capture_step converts in the
+            # captured run: a scheduler built before computes learning rates in float64,
+            # one built after in float32, and the two differ in the last bit.
+            graph_safe_optimizer(opt)
+        step = make_train_step(ddp, opt, workload.loss, options)
+        return _loop(name, step, sched, ddp, info, batches, steps, tick)
+
+    return run
 
 
 def _captured(name, info, workload, options, batches, steps, tick):  # type: ignore[no-untyped-def]
-    model = _model(info, workload)
-    ddp = prepare_ddp(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(steps))
+    ddp, opt, sched = _training(info, workload, steps, prepared=True)
     with capture_step(make_train_step(ddp, opt, workload.loss, options), model=ddp, optimizer=opt) as step:
         result = _loop(name, step, sched, ddp, info, batches, steps, tick)
         s = step.stats

@@ -51,7 +51,7 @@ from .errors import DdpGraphError, DdpGraphWarning, usage_error
 from .findings import Code, Finding
 from .inputs import Signature, StaticInputs, check_supported, flatten_call, leaf_paths
 from .probe import host_sync_probe
-from .replay import OnFailure, Recording, UnservedCalls
+from .replay import OnFailure, Recording, UnservedCalls, check_policies
 from .strategies.base import StepBase, like_static_inputs, run_eager
 from .strategies.dynamo import compile_count
 from .streams import capture_stream
@@ -329,9 +329,7 @@ def capture_eval(
         raise usage_error("`capture_eval(model=...)`", f"expected a torch.nn.Module, got {type(model).__name__}", "pass the model `fn` evaluates")
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
         raise usage_error("`capture_eval(warmup_steps=...)`", f"expected an int >= 1, got {warmup_steps!r}", "leave it out for the default (2)")
-    for name, value in (("on_failure", on_failure), ("on_input_change", on_input_change)):
-        if value not in ("eager", "raise"):
-            raise usage_error(f"`capture_eval({name}=...)`", f"expected 'eager' or 'raise', got {value!r}", f"use {name}='eager' or {name}='raise'")
+    check_policies("capture_eval", on_failure, on_input_change)
     return CapturedEval(
         fn,
         model=model,

@@ -14,12 +14,23 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .backends import CapturedGraph
-from .errors import DdpGraphError, DdpGraphWarning
+from .errors import DdpGraphError, DdpGraphWarning, usage_error
 from .findings import Code, Finding
 from .inputs import Signature, StaticInputs
 
 R = TypeVar("R")
 OnFailure = Literal["eager", "raise"]
+
+
+def check_policies(api: str, on_failure: object, on_input_change: object) -> None:
+    """Refuse an `on_failure` / `on_input_change` value that is neither "eager" nor "raise"."""
+    for name, value in (("on_failure", on_failure), ("on_input_change", on_input_change)):
+        if value not in ("eager", "raise"):
+            raise usage_error(
+                f"`{api}({name}=...)`",
+                f"expected 'eager' or 'raise', got {value!r}",
+                f"use {name}='eager' to keep going with eager steps or {name}='raise' to stop",
+            )
 
 
 class Recording(Generic[R]):
