@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .findings import Finding, merge_by_code
+from .findings import Code, Finding, format_ranks, merge_by_code
 
 
 @dataclass
@@ -47,6 +47,23 @@ class Decision:
     @property
     def reducer_needs_reset(self) -> bool:
         return any(o.reducer_needs_reset for o in self.outcomes)
+
+    def summary(self) -> Finding:
+        """The finding to report for a decision that did not go ahead: the first one, and,
+        when only some ranks failed, which ones (the others follow them, so that no rank
+        waits alone in a collective)."""
+        findings = self.findings
+        if not findings:
+            return Finding(Code.CAPTURE_FAILED, "capture failed without a finding")
+        first = findings[0]
+        failed = self.failed_ranks
+        if 0 < len(failed) < len(self.outcomes) and first.code is not Code.NO_CUDA:
+            happened = (
+                f"{first.happened} (only on rank{'s' if len(failed) > 1 else ''} "
+                f"{format_ranks(failed)}; every rank takes the same path)"
+            )
+            return Finding(first.code, happened, first.fix, first.subject, first.location, first.ranks)
+        return first
 
 
 def agree(

@@ -33,8 +33,8 @@ from .amp import GraphSafeGradScaler
 from .backends import CapturedGraph, CaptureError, CudaGraphBackend, GraphBackend
 from .diagnose import finding_from_capture_error
 from .distributed import current_rank
-from .errors import DdpGraphError, DdpGraphUsageError, DdpGraphWarning, usage_error
-from .findings import Code, Finding, format_ranks
+from .errors import DdpGraphError, DdpGraphUsageError, usage_error
+from .findings import Code, Finding
 from .inputs import (
     Signature,
     StaticInputs,
@@ -46,7 +46,7 @@ from .inputs import (
 )
 from .optim import HyperparamGuard, TensorHyperparams, baked_finding, graph_safe_optimizer
 from .probe import host_sync_probe
-from .replay import OnFailure, Recording, UnservedCalls, check_policies
+from .replay import OnFailure, Recording, UnservedCalls, check_policies, fall_back
 from .rng import generators_refusal, keep_states
 from .snapshot import TrainingSnapshot
 from .streams import hand_over, on_stream
@@ -460,34 +460,15 @@ class CapturedStep(Generic[R]):
 
     # ----------------------------------------------------------------- decisions
     def _summarise(self, decision: Decision) -> Finding:
-        findings = decision.findings
-        self._findings = findings
-        if not findings:
-            return Finding(Code.CAPTURE_FAILED, "capture failed without a finding")
-        first = findings[0]
-        failed = decision.failed_ranks
-        if 0 < len(failed) < len(decision.outcomes) and first.code is not Code.NO_CUDA:
-            happened = (
-                f"{first.happened} (only on rank{'s' if len(failed) > 1 else ''} "
-                f"{format_ranks(failed)}; every rank takes the same path)"
-            )
-            return Finding(first.code, happened, first.fix, first.subject, first.location, first.ranks)
-        return first
+        self._findings = decision.findings
+        return decision.summary()
 
     def _give_up(self, finding: Finding, *, warn: bool = True) -> None:
         self._reason = finding
         if not self._findings:
             self._findings = [finding]
         self._state = StepState.EAGER
-        # No GPU is not a failure: the same script is meant to run on CPU.
-        if self._on_failure == "raise" and finding.code is not Code.NO_CUDA:
-            raise DdpGraphError(finding)
-        if warn and current_rank() == 0:
-            warnings.warn(
-                f"{finding.format()}\nTraining continues with eager steps.",
-                DdpGraphWarning,
-                stacklevel=4,
-            )
+        fall_back(finding, self._on_failure, continues="Training continues with eager steps.", warn=warn, stacklevel=4)
         log.info("not capturing: %s", finding.format())
 
     def _drop_graph(self) -> None:

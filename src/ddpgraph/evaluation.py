@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,11 +46,11 @@ from .backends import CapturedGraph, CaptureError, CudaGraphBackend, GraphBacken
 from .capture import StepState
 from .diagnose import finding_from_capture_error
 from .distributed import current_rank
-from .errors import DdpGraphError, DdpGraphWarning, usage_error
+from .errors import usage_error
 from .findings import Code, Finding
 from .inputs import Signature, StaticInputs, check_supported, flatten_call, leaf_paths
 from .probe import host_sync_probe
-from .replay import OnFailure, Recording, UnservedCalls, check_policies
+from .replay import OnFailure, Recording, UnservedCalls, check_policies, fall_back
 from .strategies.base import StepBase, like_static_inputs, run_eager
 from .strategies.dynamo import compile_count
 from .streams import capture_stream
@@ -200,7 +199,7 @@ class CapturedEval(StepBase[R]):
         findings = probe.findings()
         decision = self._agree(EvalOutcome(current_rank(), not findings, findings, compiled=compiled))
         if not decision.ok:
-            self._give_up(self._first(decision))
+            self._give_up(decision.summary())
         elif any(getattr(o, "compiled", False) for o in decision.outcomes) and self._extra_warmup < MAX_EXTRA_WARMUP:
             self._extra_warmup += 1  # compiling is not over: one more eager call, then probe again
         else:
@@ -234,7 +233,7 @@ class CapturedEval(StepBase[R]):
             return self._replay_now(leaves)
         if graph is not None:
             graph.release()
-        self._give_up(self._first(decision))
+        self._give_up(decision.summary())
         self.stats.eager_steps += 1
         return self._eager(args, kwargs)
 
@@ -261,18 +260,10 @@ class CapturedEval(StepBase[R]):
             return Decision([outcome])
         return agree(outcome, self._group, self._device)
 
-    @staticmethod
-    def _first(decision: Decision) -> Finding:
-        findings = decision.findings
-        return findings[0] if findings else Finding(Code.CAPTURE_FAILED, "capture failed without a finding")
-
     def _give_up(self, finding: Finding, *, warn: bool = True) -> None:
         self._reason = finding
         self._state = StepState.EAGER
-        if self._on_failure == "raise" and finding.code is not Code.NO_CUDA:
-            raise DdpGraphError(finding)
-        if warn and current_rank() == 0:
-            warnings.warn(f"{finding.format()}\nEvaluation continues eagerly.", DdpGraphWarning, stacklevel=4)
+        fall_back(finding, self._on_failure, continues="Evaluation continues eagerly.", warn=warn, stacklevel=4)
         log.info("evaluation not captured: %s", finding.format())
 
     def _drop_graph(self) -> None:

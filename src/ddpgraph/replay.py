@@ -1,8 +1,9 @@
 """A recorded graph with what its replays need, and what happens to a call it cannot serve.
 
 Shared by the captured training step and the captured evaluation: both copy a call's
-tensors into the recorded inputs and replay, and both run a call whose arguments differ
-from the recorded ones eagerly (warning once) or refuse it, as the user chose.
+tensors into the recorded inputs and replay, both run a call whose arguments differ
+from the recorded ones eagerly (warning once) or refuse it, as the user chose, and both
+give up a capture the same way (`fall_back`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .backends import CapturedGraph
+from .distributed import current_rank
 from .errors import DdpGraphError, DdpGraphWarning, usage_error
 from .findings import Code, Finding
 from .inputs import Signature, StaticInputs
@@ -31,6 +33,17 @@ def check_policies(api: str, on_failure: object, on_input_change: object) -> Non
                 f"expected 'eager' or 'raise', got {value!r}",
                 f"use {name}='eager' to keep going with eager steps or {name}='raise' to stop",
             )
+
+
+def fall_back(finding: Finding, on_failure: OnFailure, *, continues: str, warn: bool = True, stacklevel: int = 2) -> None:
+    """What giving up a capture means to the user: under `on_failure="raise"` an error (no
+    GPU is not a failure: the same script is meant to run on CPU), otherwise a warning on
+    rank 0 only (every rank gives up together, and one message is enough) saying that
+    `continues` happens instead."""
+    if on_failure == "raise" and finding.code is not Code.NO_CUDA:
+        raise DdpGraphError(finding)
+    if warn and current_rank() == 0:
+        warnings.warn(f"{finding.format()}\n{continues}", DdpGraphWarning, stacklevel=stacklevel + 1)
 
 
 class Recording(Generic[R]):

@@ -24,7 +24,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..ddp import model_device
 from ..probe import ProbeResult, host_sync_probe, user_location
-from .recorder import Recorder, StreamInfo, storage_key
+from .observed import StreamInfo, storage_key
+from .recorder import Recorder
 
 
 class Instrumentation:

@@ -1,0 +1,104 @@
+"""What the doctor observed of a script's DDP models and captured graphs.
+
+Plain records, filled in by `Recorder` from the instrumentation's events and read by the
+rules in `replay_rules.py`. Tensors, optimizers and modules are held by weak reference: the
+doctor must not keep alive, and so change the memory behaviour of, what the script frees.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+from ..ddp import ForwardCounter
+from ..findings import Location
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    id: int
+    is_default: bool
+
+
+@dataclass
+class DdpModel:
+    """One DistributedDataParallel model: where it was built and what its reducer counted."""
+
+    built_at: Location | None
+    built_on: StreamInfo | None
+    counter: ForwardCounter = field(default_factory=ForwardCounter)
+    iterations: int = 0  # counted forwards that a backward followed
+    awaiting_backward: bool = False
+
+
+@dataclass(frozen=True)
+class DdpForward:
+    """A DDP forward recorded by a capture."""
+
+    ddp: DdpModel
+    number: int  # the reducer's count for this forward, 1-based
+    iterations_before: int
+
+
+@dataclass
+class GraphInput:
+    """A tensor from before the capture that a recorded DDP forward read."""
+
+    tensor: weakref.ref[torch.Tensor]
+    label: str
+
+
+@dataclass(frozen=True)
+class StateLoad:
+    """A `load_state_dict` call on a module or optimizer."""
+
+    target: weakref.ref[Any]
+    optimizer: bool
+    location: Location | None
+
+
+@dataclass
+class Graph:
+    """One capture: what it recorded, and what the replays are checked against."""
+
+    number: int
+    location: Location | None
+    stream: StreamInfo | None
+    preexisting: set[int] = field(default_factory=set)  # storages alive when it began
+    forwards: list[DdpForward] = field(default_factory=list)
+    optimizers: list[weakref.ref[Optimizer]] = field(default_factory=list)
+    inputs: list[GraphInput] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    hyper: list[list[dict[str, Any]]] = field(default_factory=list)  # per optimizer, per group
+    state: list[list[tuple[Any, str, Any]]] = field(default_factory=list)  # (param, key, tensor)
+    modules: list[list[weakref.ref[torch.Tensor]]] = field(default_factory=list)
+    module_refs: list[weakref.ref[torch.nn.Module]] = field(default_factory=list)
+    versions: tuple[int, ...] | None = None
+    replays: int = 0
+    loads_checked: int = 0
+    loaded_optimizers: set[int] = field(default_factory=set)  # ids loaded after capture
+    reported: set[str] = field(default_factory=set)  # kinds of replay finding already made
+
+    @property
+    def has_ddp(self) -> bool:
+        """Whether it recorded a DDP forward that syncs gradients (so, an all-reduce)."""
+        return bool(self.forwards)
+
+    def where(self) -> str:
+        return f"graph {self.number}" + (f" (captured at {self.location})" if self.location else "")
+
+    def input_versions(self) -> tuple[int, ...]:
+        """The inputs' version counters: an in-place write (`copy_`) bumps them."""
+        return tuple(t._version if (t := i.tensor()) is not None else -1 for i in self.inputs)
+
+
+def storage_key(tensor: torch.Tensor) -> int | None:
+    """The address of the tensor's storage: views of one tensor share it."""
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except Exception:  # tensor subclasses without storage
+        return None
