@@ -113,6 +113,14 @@ def test_payload_validates_and_round_trips_through_json() -> None:
     assert "| 8 | capture_step | 4.60 ± 0.10 | 3.13× |" in data["markdown"]
 
 
+def test_files_written_before_the_gpu_timeline_still_load() -> None:
+    data = json.loads(json.dumps(payload(sample_report())))
+    for result in data["results"]:
+        result.pop("gpu_timeline")
+    assert validate(data) == []
+    assert Report.from_dict(data).results[0].gpu_timeline is None
+
+
 @pytest.mark.parametrize(
     ("edit", "problem"),
     [
@@ -127,6 +135,7 @@ def test_payload_validates_and_round_trips_through_json() -> None:
         (lambda d: d["results"][0].update(batch_size="8"), "results[0].batch_size has type str"),
         (lambda d: d["results"][0].update(batch_size=True), "results[0].batch_size is a bool"),
         (lambda d: d.pop("markdown"), "markdown is missing"),
+        (lambda d: d["results"][0].update(gpu_timeline=[1.0]), "results[0].gpu_timeline has type list"),
     ],
 )
 def test_validate_names_what_is_wrong(edit: Any, problem: str) -> None:

@@ -12,6 +12,7 @@ from ddpgraph.bench.stats import (
     gap_percent,
     kernel_ms,
     ratio,
+    timeline,
     windows,
 )
 from ddpgraph.training import Timing
@@ -50,6 +51,40 @@ def test_kernel_ms_sums_device_work_only() -> None:
     }
     assert kernel_ms(trace) == (2.5, 4)
     assert kernel_ms({}) == (0.0, 0)
+
+
+def _event(ts: float, dur: float, cat: str = "kernel") -> dict[str, object]:
+    return {"ph": "X", "cat": cat, "ts": ts, "dur": dur}
+
+
+def test_timeline_counts_overlapping_streams_once_and_finds_the_gaps() -> None:
+    trace = {
+        "traceEvents": [
+            _event(100, 10),  # compute 100-110
+            _event(105, 20, "gpu_memcpy"),  # a copy beside it, 105-125
+            _event(127, 3),  # gap of 2 µs, then 127-130
+            _event(130, 5),  # back to back, no gap
+            _event(160, 40),  # gap of 25 µs, then 160-200
+            _event(0, 1000, "cuda_runtime"),  # host-side call: not device activity
+        ]
+    }
+    line = timeline(trace)
+    assert line.activities == 5
+    assert line.gaps_us == [2.0, 25.0]
+    assert line.active_ms == pytest.approx((25 + 8 + 40) / 1000)
+    assert line.span_ms == pytest.approx(0.1)
+    assert line.idle_ms + line.active_ms == pytest.approx(line.span_ms)
+    per = line.per_step(steps=1, short_gap_us=10.0)
+    assert per["gaps_per_step"] == 2
+    assert per["median_gap_us"] == 13.5
+    assert per["max_gap_us"] == 25.0
+    assert per["idle_share_in_short_gaps"] == pytest.approx(2 / 27)
+
+
+def test_timeline_of_a_trace_without_device_activity_is_empty() -> None:
+    line = timeline({"traceEvents": [_event(0, 5, "cpu_op")]})
+    assert (line.activities, line.active_ms, line.span_ms, line.gaps_us) == (0, 0.0, 0.0, [])
+    assert line.per_step(5)["idle_share_in_short_gaps"] == 0.0
 
 
 @pytest.mark.parametrize(

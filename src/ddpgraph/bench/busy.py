@@ -1,4 +1,4 @@
-"""GPU kernel time per step, from a short torch.profiler trace.
+"""How busy a strategy keeps the GPU, from a short torch.profiler trace.
 
 Only device activity is recorded (no CPU operator events), which keeps the trace small
 and the profiler's own cost off the host. Kernels launched by a CUDA graph replay are
@@ -11,17 +11,27 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from .stats import kernel_ms
+from .stats import kernel_ms, timeline
 
 
-def kernel_ms_per_step(
-    run_steps: Callable[[], None], steps: int, device: torch.device
-) -> tuple[float | None, str | None]:
-    """Run `run_steps()` (which performs `steps` steps) under the profiler and return
-    (summed kernel ms per step, None), or (None, why) when no kernel time was seen."""
+@dataclass
+class GpuProfile:
+    """Summed kernel ms per step (for GPU busy) and the per-step timeline figures, or why
+    there are none."""
+
+    kernel_ms_per_step: float | None = None
+    timeline: dict[str, Any] | None = None
+    why: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def profile_steps(run_steps: Callable[[], None], steps: int, device: torch.device) -> GpuProfile:
+    """Run `run_steps()` (which performs `steps` steps) under the profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -34,5 +44,5 @@ def kernel_ms_per_step(
             trace = json.load(fh)
     total, count = kernel_ms(trace)
     if count == 0:
-        return None, "the profiler recorded no kernels, so GPU busy is unknown"
-    return total / steps, None
+        return GpuProfile(why="the profiler recorded no kernels, so GPU busy is unknown")
+    return GpuProfile(total / steps, timeline(trace).per_step(steps))

@@ -25,7 +25,7 @@ from functools import partial
 import torch
 
 from ..training import Timing, synchronize
-from .busy import kernel_ms_per_step
+from .busy import GpuProfile, profile_steps
 from .case import Case, Runner
 from .control import Control, PhaseFailed, short_error
 from .feeds import Batch, device_feed, loader_feed
@@ -130,20 +130,22 @@ def _measure(
     timing = control.phase(
         "timing", lambda: _timed(runner, feed, settings, device, last), label=label
     )
-    kernel_ms, why = None, None
+    gpu = GpuProfile()
     if case.on_cuda and settings.profile_steps > 0:
         on_phase("profile")
 
-        def profile() -> tuple[float | None, str | None]:
+        def profile() -> GpuProfile:
             if not profile_here:
                 steps(feed, settings.profile_steps)
-                return None, None
-            return kernel_ms_per_step(
+                return GpuProfile()
+            return profile_steps(
                 lambda: steps(feed, settings.profile_steps), settings.profile_steps, device
             )
 
-        kernel_ms, why = control.phase("profile", profile, label=label)
+        gpu = control.phase("profile", profile, label=label)
+    kernel_ms, why = gpu.kernel_ms_per_step, gpu.why
     result.kernel_ms_per_step = kernel_ms
+    result.gpu_timeline = gpu.timeline
     result.feeds["device"] = _feed_result(timing, kernel_ms)
     if case.on_cuda:
         peaks = control.gather(torch.cuda.max_memory_allocated(device))

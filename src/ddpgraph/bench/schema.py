@@ -6,7 +6,7 @@
                 command, date, settings: {...}},
       "strategies": [{name, summary, available, cpu_skip, missing}],
       "results": [{model, batch_size, strategy, status, reason, feeds: {device: {...},
-                   dataloader: {...}}, kernel_ms_per_step, capture_s, captured,
+                   dataloader: {...}}, kernel_ms_per_step, gpu_timeline, capture_s, captured,
                    peak_memory_mib, final_loss, note, wall_s}],
       "summary": [{model, batch_size, ...capture_step against the others}],
       "markdown": "the tables as Markdown"
@@ -14,7 +14,11 @@
 
 `status` is "ok", "failed" (with the error in `reason`) or "skipped" (with why). A
 feed's `speedup` is over `eager` with the same feed; `gpu_busy` is a fraction (1.0 is
-100%). Times are milliseconds, except `capture_s` and `wall_s` (seconds).
+100%). `gpu_timeline` (rank 0, from the profiled steps) says where a step's time goes:
+`active_ms_per_step` with any kernel, copy or memset running, `idle_ms_per_step` with none,
+and the idle gaps (`gaps_per_step`, `median_gap_us`, `p90_gap_us`, `max_gap_us`,
+`idle_share_in_short_gaps`: the share of idle time in gaps of at most `short_gap_us`).
+Times are milliseconds, except `capture_s` and `wall_s` (seconds) and the gaps (µs).
 Fields are only ever added within a schema version.
 """
 
@@ -60,6 +64,7 @@ class StrategyResult:
     reason: str | None = None
     feeds: dict[str, FeedResult] = field(default_factory=dict)
     kernel_ms_per_step: float | None = None
+    gpu_timeline: dict[str, Any] | None = None
     capture_s: float | None = None
     captured: bool | None = None
     peak_memory_mib: float | None = None
@@ -131,6 +136,7 @@ _RESULT_FIELDS: dict[str, tuple[type, ...]] = {
     "reason": (str, type(None)),
     "feeds": (dict,),
     "kernel_ms_per_step": (*_NUMBER, type(None)),
+    "gpu_timeline": (dict, type(None)),
     "capture_s": (*_NUMBER, type(None)),
     "captured": (bool, type(None)),
     "peak_memory_mib": (*_NUMBER, type(None)),
@@ -186,9 +192,16 @@ def _check_result(i: int, result: Any) -> list[str]:
     return problems
 
 
+# Fields added after the first files of schema version 1 were written: files without them
+# stay valid.
+_ADDED_FIELDS = frozenset({"gpu_timeline"})
+
+
 def _check_fields(where: str, obj: dict[str, Any], spec: dict[str, tuple[type, ...]]) -> list[str]:
     problems = []
     for key, kinds in spec.items():
+        if key not in obj and key in _ADDED_FIELDS:
+            continue
         if key not in obj:
             problems.append(f"{where}.{key} is missing")
         elif isinstance(obj[key], bool) and bool not in kinds:

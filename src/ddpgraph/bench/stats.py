@@ -6,10 +6,14 @@
 * GPU busy: summed kernel time per step (from a profiler trace) over the median step
   time. Kernels that overlap (an NCCL all-reduce running beside compute) each count,
   so a graph that keeps the GPU busy back to back can read slightly above 100%.
+* GPU timeline: from the same trace, the time in which at least one kernel, copy or
+  memset ran (overlaps counted once), and the idle gaps between them: where the rest of
+  a step's time goes.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +56,59 @@ def kernel_ms(trace: dict[str, Any]) -> tuple[float, int]:
             total_us += float(event.get("dur", 0.0))
             count += 1
     return total_us / 1000.0, count
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The device activity of a trace, laid end to end."""
+
+    activities: int  # kernels, copies and memsets
+    active_ms: float  # time with at least one of them running
+    span_ms: float  # from the first start to the last end
+    gaps_us: list[float]  # the idle intervals inside the span, in order
+
+    @property
+    def idle_ms(self) -> float:
+        return sum(self.gaps_us) / 1000.0
+
+    def per_step(self, steps: int, short_gap_us: float = 10.0) -> dict[str, float | int]:
+        """Per-step figures for the benchmark's JSON (`gpu_timeline`)."""
+        gaps = sorted(self.gaps_us)
+        short = sum(g for g in gaps if g <= short_gap_us) / 1000.0
+        return {
+            "activities_per_step": self.activities / steps,
+            "active_ms_per_step": self.active_ms / steps,
+            "idle_ms_per_step": self.idle_ms / steps,
+            "gaps_per_step": len(gaps) / steps,
+            "median_gap_us": statistics.median(gaps) if gaps else 0.0,
+            "p90_gap_us": gaps[int(0.9 * (len(gaps) - 1))] if gaps else 0.0,
+            "max_gap_us": gaps[-1] if gaps else 0.0,
+            "idle_share_in_short_gaps": short / self.idle_ms if self.idle_ms > 0 else 0.0,
+            "short_gap_us": short_gap_us,
+        }
+
+
+def timeline(trace: dict[str, Any]) -> Timeline:
+    """Merge the trace's device activity on every stream into busy intervals; what lies
+    between them is the time the GPU ran nothing."""
+    spans = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X" and e.get("cat") in KERNEL_CATEGORIES and "ts" in e
+    )
+    if not spans:
+        return Timeline(0, 0.0, 0.0, [])
+    active_us, gaps = 0.0, []
+    start, end = spans[0]
+    for s, e in spans[1:]:
+        if s > end:
+            active_us += end - start
+            gaps.append(s - end)
+            start, end = s, e
+        else:
+            end = max(end, e)
+    active_us += end - start
+    return Timeline(len(spans), active_us / 1000.0, (end - spans[0][0]) / 1000.0, gaps)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -92,6 +92,12 @@ def progress_line(result: StrategyResult, eager: StrategyResult | None) -> str:
     text = f"{head} {device.ms_per_step:.2f} ms/step ({speedup} eager, GPU busy {percent(device.gpu_busy)})"
     if result.wall_s is not None:
         text += f" in {result.wall_s:.1f} s"
+    line = result.gpu_timeline
+    if line:
+        text += (
+            f"; GPU idle {line['idle_ms_per_step']:.2f} ms/step in {line['gaps_per_step']:.0f} gaps "
+            f"(median {line['median_gap_us']:.1f} µs)"
+        )
     return text + (f"\n  {result.note}" if result.note else "")
 
 
