@@ -78,13 +78,13 @@ def test_timeline_counts_overlapping_streams_once_and_finds_the_gaps() -> None:
     assert per["gaps_per_step"] == 2
     assert per["median_gap_us"] == 13.5
     assert per["max_gap_us"] == 25.0
-    assert per["idle_share_in_short_gaps"] == pytest.approx(2 / 27)
+    assert per["short_gaps_ms_per_step"] == pytest.approx(0.002)
 
 
 def test_timeline_of_a_trace_without_device_activity_is_empty() -> None:
     line = timeline({"traceEvents": [_event(0, 5, "cpu_op")]})
     assert (line.activities, line.active_ms, line.span_ms, line.gaps_us) == (0, 0.0, 0.0, [])
-    assert line.per_step(5)["idle_share_in_short_gaps"] == 0.0
+    assert line.per_step(5)["short_gaps_ms_per_step"] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -107,3 +107,11 @@ def test_gap_percent_is_positive_when_slower() -> None:
     assert gap_percent(103.0, 100.0) == pytest.approx(3.0)
     assert gap_percent(97.0, 100.0) == pytest.approx(-3.0)
     assert gap_percent(None, 100.0) is None
+
+
+def test_gpu_busy_is_active_device_time_over_step_time_and_never_above_one() -> None:
+    from ddpgraph.bench.measure import _feed_result
+
+    assert _feed_result(Timing([2.0, 2.0, 2.0]), 1.8).gpu_busy == pytest.approx(0.9)
+    assert _feed_result(Timing([2.0, 2.0, 2.0]), 2.1).gpu_busy == 1.0
+    assert _feed_result(Timing([2.0]), None).gpu_busy is None

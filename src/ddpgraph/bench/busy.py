@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,13 +21,13 @@ from .stats import kernel_ms, timeline
 
 @dataclass
 class GpuProfile:
-    """Summed kernel ms per step (for GPU busy) and the per-step timeline figures, or why
-    there are none."""
+    """Per step: summed kernel ms, ms with any device work running (for GPU busy), and
+    the timeline figures; or why there are none."""
 
     kernel_ms_per_step: float | None = None
+    active_ms_per_step: float | None = None
     timeline: dict[str, Any] | None = None
     why: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def profile_steps(run_steps: Callable[[], None], steps: int, device: torch.device) -> GpuProfile:
@@ -45,4 +45,5 @@ def profile_steps(run_steps: Callable[[], None], steps: int, device: torch.devic
     total, count = kernel_ms(trace)
     if count == 0:
         return GpuProfile(why="the profiler recorded no kernels, so GPU busy is unknown")
-    return GpuProfile(total / steps, timeline(trace).per_step(steps))
+    line = timeline(trace)
+    return GpuProfile(total / steps, line.active_ms / steps, line.per_step(steps))

@@ -143,10 +143,10 @@ def _measure(
             )
 
         gpu = control.phase("profile", profile, label=label)
-    kernel_ms, why = gpu.kernel_ms_per_step, gpu.why
-    result.kernel_ms_per_step = kernel_ms
+    active_ms, why = gpu.active_ms_per_step, gpu.why
+    result.kernel_ms_per_step = gpu.kernel_ms_per_step
     result.gpu_timeline = gpu.timeline
-    result.feeds["device"] = _feed_result(timing, kernel_ms)
+    result.feeds["device"] = _feed_result(timing, active_ms)
     if case.on_cuda:
         peaks = control.gather(torch.cuda.max_memory_allocated(device))
         result.peak_memory_mib = max(peaks) / MIB
@@ -170,7 +170,7 @@ def _measure(
             )
         finally:
             loader.close()
-        result.feeds["dataloader"] = _feed_result(loaded, kernel_ms)
+        result.feeds["dataloader"] = _feed_result(loaded, active_ms)
 
     def read_outcome() -> None:
         result.final_loss = float(last[0]) if last else None
@@ -201,10 +201,13 @@ def _timed(
     return timing
 
 
-def _feed_result(timing: Timing, kernel_ms: float | None) -> FeedResult:
+def _feed_result(timing: Timing, active_ms: float | None) -> FeedResult:
     m = Measurement.of(timing)
+    # Capped: the profiled steps' device work can exceed an unprofiled step's wall time
+    # by the timing's noise when the GPU never rests.
+    busy = ratio(active_ms, m.ms_per_step)
     return FeedResult(
-        m.ms_per_step, m.spread_ms, m.window_ms, gpu_busy=ratio(kernel_ms, m.ms_per_step)
+        m.ms_per_step, m.spread_ms, m.window_ms, gpu_busy=None if busy is None else min(busy, 1.0)
     )
 
 

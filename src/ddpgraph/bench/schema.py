@@ -1,7 +1,7 @@
 """The benchmark's results as data, and their JSON form (a versioned schema).
 
     {
-      "schema": "ddpgraph.bench", "schema_version": 1,
+      "schema": "ddpgraph.bench", "schema_version": 2,
       "setup": {world_size, backend, device, torch, cuda, nccl, python, ddpgraph,
                 command, date, settings: {...}},
       "strategies": [{name, summary, available, cpu_skip, missing}],
@@ -13,13 +13,14 @@
     }
 
 `status` is "ok", "failed" (with the error in `reason`) or "skipped" (with why). A
-feed's `speedup` is over `eager` with the same feed; `gpu_busy` is a fraction (1.0 is
-100%). `gpu_timeline` (rank 0, from the profiled steps) says where a step's time goes:
+feed's `speedup` is over `eager` with the same feed; `gpu_busy` is the fraction of the
+step during which any kernel, copy or memset runs (1.0 is 100%; in version 1 it was summed
+kernel time over step time, which counts overlapping streams twice). `gpu_timeline` (rank 0, from the profiled steps) says where a step's time goes:
 `active_ms_per_step` with any kernel, copy or memset running, `idle_ms_per_step` with none,
 and the idle gaps (`gaps_per_step`, `median_gap_us`, `p90_gap_us`, `max_gap_us`,
-`idle_share_in_short_gaps`: the share of idle time in gaps of at most `short_gap_us`).
+`short_gaps_ms_per_step`: the idle time in gaps of at most `short_gap_us`).
 Times are milliseconds, except `capture_s` and `wall_s` (seconds) and the gaps (µs).
-Fields are only ever added within a schema version.
+Fields are only ever added within a schema version; files of earlier versions still load.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA = "ddpgraph.bench"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 STATUSES = ("ok", "failed", "skipped")
 
 SETUP_KEYS = (
@@ -153,9 +155,9 @@ def validate(data: Any) -> list[str]:
     problems: list[str] = []
     if data.get("schema") != SCHEMA:
         problems.append(f"schema is {data.get('schema')!r}, expected {SCHEMA!r}")
-    if data.get("schema_version") != SCHEMA_VERSION:
+    if data.get("schema_version") not in READABLE_VERSIONS:
         problems.append(
-            f"schema_version is {data.get('schema_version')!r}, expected {SCHEMA_VERSION}"
+            f"schema_version is {data.get('schema_version')!r}, expected one of {READABLE_VERSIONS}"
         )
     setup = data.get("setup")
     if not isinstance(setup, dict):
@@ -192,8 +194,7 @@ def _check_result(i: int, result: Any) -> list[str]:
     return problems
 
 
-# Fields added after the first files of schema version 1 were written: files without them
-# stay valid.
+# Fields added in version 2: files of version 1 lack them.
 _ADDED_FIELDS = frozenset({"gpu_timeline"})
 
 

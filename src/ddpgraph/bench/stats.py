@@ -3,12 +3,12 @@
 * ms/step: the median over timing windows of (window wall time / steps in window),
   each window bounded by a device synchronisation and nothing synchronised inside it;
   the spread is max - min over windows.
-* GPU busy: summed kernel time per step (from a profiler trace) over the median step
-  time. Kernels that overlap (an NCCL all-reduce running beside compute) each count,
-  so a graph that keeps the GPU busy back to back can read slightly above 100%.
-* GPU timeline: from the same trace, the time in which at least one kernel, copy or
-  memset ran (overlaps counted once), and the idle gaps between them: where the rest of
-  a step's time goes.
+* GPU busy: the time per step during which at least one kernel, copy or memset runs
+  (from a profiler trace of a few steps; overlapping work on several streams, such as an
+  NCCL all-reduce beside compute, counts once) over the median step time.
+* GPU timeline: from the same trace, the idle gaps between that work: where the rest of
+  a step's time goes. Under the profiler the gaps are somewhat longer than without it,
+  so the gap figures are upper bounds.
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ class Timeline:
         return sum(self.gaps_us) / 1000.0
 
     def per_step(self, steps: int, short_gap_us: float = 10.0) -> dict[str, float | int]:
-        """Per-step figures for the benchmark's JSON (`gpu_timeline`)."""
+        """Per-step figures for the benchmark's JSON (`gpu_timeline`). Gaps of at most
+        `short_gap_us` are the GPU moving from one piece of work to the next; longer ones
+        are pauses (waiting for the host, or for the profiler as it starts)."""
         gaps = sorted(self.gaps_us)
         short = sum(g for g in gaps if g <= short_gap_us) / 1000.0
         return {
@@ -83,7 +85,7 @@ class Timeline:
             "median_gap_us": statistics.median(gaps) if gaps else 0.0,
             "p90_gap_us": gaps[int(0.9 * (len(gaps) - 1))] if gaps else 0.0,
             "max_gap_us": gaps[-1] if gaps else 0.0,
-            "idle_share_in_short_gaps": short / self.idle_ms if self.idle_ms > 0 else 0.0,
+            "short_gaps_ms_per_step": short / steps,
             "short_gap_us": short_gap_us,
         }
 

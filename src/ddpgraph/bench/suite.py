@@ -95,7 +95,8 @@ def progress_line(result: StrategyResult, eager: StrategyResult | None) -> str:
     line = result.gpu_timeline
     if line:
         text += (
-            f"; GPU idle {line['idle_ms_per_step']:.2f} ms/step in {line['gaps_per_step']:.0f} gaps "
+            f"; {line['activities_per_step']:.0f} kernels/copies per step, "
+            f"{line['short_gaps_ms_per_step']:.2f} ms in gaps under {line['short_gap_us']:.0f} µs "
             f"(median {line['median_gap_us']:.1f} µs)"
         )
     return text + (f"\n  {result.note}" if result.note else "")
