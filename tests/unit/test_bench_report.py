@@ -12,7 +12,7 @@ from rich.console import Console
 
 from ddpgraph.bench.command import payload
 from ddpgraph.bench.compare import fill_speedups, summary
-from ddpgraph.bench.plot import plot_speedups
+from ddpgraph.bench.plot import plot_speedups, speedup_figure
 from ddpgraph.bench.schema import SCHEMA_VERSION, FeedResult, Report, StrategyResult, validate
 from ddpgraph.bench.table import markdown, result_row, rich_tables, summary_row
 
@@ -199,6 +199,21 @@ def test_plot_draws_a_panel_per_model(tmp_path: Path) -> None:
     path = tmp_path / "speedup.png"
     assert plot_speedups(report, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_has_one_legend_below_the_panels_naming_what_ran() -> None:
+    report = sample_report()
+    fill_speedups(report)
+    figure, drew = speedup_figure(report)
+    assert figure is not None and drew
+    panels = [ax for ax in figure.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == report.models
+    assert all(ax.get_legend() is None for ax in panels)  # a legend inside covers the lines
+    [legend] = figure.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    ran = {r.strategy for r in report.results if r.status == "ok" and r.strategy != "eager"}
+    assert ran <= set(labels)
+    assert {"eager DDP (1×)", "batches already on the GPU", "fed by a DataLoader"} <= set(labels)
 
 
 def test_plot_without_speedups_says_so(tmp_path: Path) -> None:

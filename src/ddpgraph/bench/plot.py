@@ -1,7 +1,8 @@
 """Speedup over eager DDP against batch size: one panel per model, one line per strategy.
 
 Solid lines are the device feed, dashed lines the same strategy fed by the DataLoader;
-the grey line at 1 is eager DDP itself.
+the grey line at 1 is eager DDP itself. One legend for the whole figure, below the panels:
+with seven strategies and two feeds, a legend inside each panel covers the lines.
 Drawn with matplotlib's Agg canvas directly, so no display and no global backend
 switch is needed.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from .compare import BASELINE
 from .schema import Report
@@ -27,9 +29,18 @@ def _points(report: Report, model: str, strategy: str, feed: str) -> list[tuple[
 
 def plot_speedups(report: Report, path: str) -> bool:
     """Write the plot to `path` (format from its suffix); False when nothing ran to plot."""
+    figure, drew = speedup_figure(report)
+    if figure is None:
+        return False
+    figure.savefig(path, dpi=120)
+    return drew
+
+
+def speedup_figure(report: Report) -> tuple[Figure | None, bool]:
+    """The figure, and whether any panel has a line (None without models)."""
     models = report.models
     if not models:
-        return False
+        return None, False
     columns = min(3, len(models))
     rows = -(-len(models) // columns)
     figure = Figure(figsize=(5.0 * columns, 4.0 * rows), constrained_layout=True)
@@ -39,9 +50,10 @@ def plot_speedups(report: Report, path: str) -> bool:
     order = [s for s in dict.fromkeys(r.strategy for r in report.results) if s != BASELINE]
     colors = {s: f"C{i % 10}" for i, s in enumerate(order)}
     drew = False
+    shown: set[str] = set()
     for ax, model in zip(axes, models, strict=False):
         sizes = report.batch_sizes(model)
-        ax.axhline(1.0, color="grey", linewidth=1.0, label=f"{BASELINE} DDP")
+        ax.axhline(1.0, color="grey", linewidth=1.0)
         lines = 0
         for strategy in order:
             for feed, style in (("device", "-"), ("dataloader", "--")):
@@ -49,9 +61,9 @@ def plot_speedups(report: Report, path: str) -> bool:
                 if not points:
                     continue
                 lines += 1
+                shown.add(strategy)
                 xs, ys = zip(*points, strict=True)
-                label = strategy if feed == "device" else f"{strategy} (DataLoader)"
-                ax.plot(xs, ys, style, marker="o", color=colors[strategy], label=label)
+                ax.plot(xs, ys, style, marker="o", color=colors[strategy])
         if not lines:
             ax.text(0.5, 0.5, "no results to compare", transform=ax.transAxes, ha="center")
         drew = drew or lines > 0
@@ -61,10 +73,19 @@ def plot_speedups(report: Report, path: str) -> bool:
         ax.set_xlabel("batch size per GPU")
         ax.set_ylabel(f"speedup over {BASELINE} DDP")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
     for ax in axes[len(models) :]:
         ax.set_visible(False)
+    handles = [Line2D([], [], color=colors[name], marker="o", label=name) for name in order if name in shown]
+    handles += [
+        Line2D([], [], color="grey", label=f"{BASELINE} DDP (1×)"),
+        Line2D([], [], color="black", linestyle="-", label="batches already on the GPU"),
+        Line2D([], [], color="black", linestyle="--", label="fed by a DataLoader"),
+    ]
+    legend_columns = min(5, len(handles))
+    try:  # "outside" places (constrained layout makes room) need matplotlib 3.7
+        figure.legend(handles=handles, loc="outside lower center", ncol=legend_columns, fontsize="small")
+    except ValueError:
+        figure.legend(handles=handles, loc="lower center", ncol=legend_columns, fontsize="small")
     s = report.setup
     figure.suptitle(f"ddpgraph bench: {s['world_size']} × {s['device']}, torch {s['torch']}")
-    figure.savefig(path, dpi=120)
-    return drew
+    return figure, drew
