@@ -41,15 +41,12 @@ from .inputs import (
     check_supported,
     flatten_call,
     leaf_paths,
-    stage_leaves,
-    unflatten_call,
 )
 from .optim import HyperparamGuard, TensorHyperparams, baked_finding, graph_safe_optimizer
 from .probe import host_sync_probe
-from .replay import OnFailure, Recording, UnservedCalls, check_policies, fall_back
+from .replay import OnFailure, Recording, UnservedCalls, check_policies, fall_back, run_eager_call
 from .rng import generators_refusal, keep_states
 from .snapshot import TrainingSnapshot
-from .streams import hand_over, on_stream
 from .warmup import MIN_WARMUP_ITERATIONS, default_warmup_steps, steps_until_capturable
 
 log = logging.getLogger("ddpgraph")
@@ -297,11 +294,7 @@ class CapturedStep(Generic[R]):
 
     # ----------------------------------------------------------------- phases
     def _run_eager(self, leaves: list[Any], spec: Any) -> R:
-        args, kwargs = unflatten_call(stage_leaves(leaves, self._device), spec)
-        with on_stream(self._stream):
-            out = self._fn(*args, **kwargs)
-        hand_over(out, self._stream)
-        return out
+        return run_eager_call(self._fn, leaves, spec, self._device, self._stream)
 
     def _warmup(self, leaves: list[Any], spec: Any) -> R:
         probe_now = (

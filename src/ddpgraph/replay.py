@@ -9,6 +9,7 @@ give up a capture the same way (`fall_back`).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar
 
 import torch
@@ -18,7 +19,8 @@ from .backends import CapturedGraph
 from .distributed import current_rank
 from .errors import DdpGraphError, DdpGraphWarning, usage_error
 from .findings import Code, Finding
-from .inputs import Signature, StaticInputs
+from .inputs import Signature, StaticInputs, stage_leaves, unflatten_call
+from .streams import hand_over, on_stream
 
 R = TypeVar("R")
 OnFailure = Literal["eager", "raise"]
@@ -33,6 +35,20 @@ def check_policies(api: str, on_failure: object, on_input_change: object) -> Non
                 f"expected 'eager' or 'raise', got {value!r}",
                 f"use {name}='eager' to keep going with eager steps or {name}='raise' to stop",
             )
+
+
+def run_eager_call(
+    fn: Callable[..., R], leaves: list[Any], spec: Any, device: torch.device, stream: torch.cuda.Stream | None
+) -> R:
+    """One eager call of `fn` on the flattened arguments (`inputs.flatten_call`), as every
+    step ddpgraph builds makes it: CPU tensors staged onto the model's device, the call on
+    `stream` (the capture stream, so eager and replayed steps are ordered alike), its
+    outputs handed back to the caller's stream."""
+    args, kwargs = unflatten_call(stage_leaves(leaves, device), spec)
+    with on_stream(stream):
+        out = fn(*args, **kwargs)
+    hand_over(out, stream)
+    return out
 
 
 def fall_back(finding: Finding, on_failure: OnFailure, *, continues: str, warn: bool = True, stacklevel: int = 2) -> None:

@@ -20,9 +20,8 @@ from ..backends import GraphBackend
 from ..capture import StepState, StepStats
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
-from ..inputs import StaticInputs, flatten_call, stage_leaves, unflatten_call
-from ..replay import OnFailure
-from ..streams import hand_over, on_stream
+from ..inputs import StaticInputs, flatten_call
+from ..replay import OnFailure, run_eager_call
 from .selection import SelectionReport
 
 R = TypeVar("R")
@@ -68,14 +67,9 @@ def run_eager(
     device: torch.device,
     stream: torch.cuda.Stream | None,
 ) -> R:
-    """One eager call as `capture_step` makes it: CPU tensors staged onto the model's
-    device, the call on `stream`, its outputs handed back to the caller's stream."""
+    """One eager call as `capture_step` makes it (`replay.run_eager_call`)."""
     leaves, spec = flatten_call(args, kwargs)
-    args, kwargs = unflatten_call(stage_leaves(leaves, device), spec)
-    with on_stream(stream):
-        out = fn(*args, **kwargs)
-    hand_over(out, stream)
-    return out
+    return run_eager_call(fn, leaves, spec, device, stream)
 
 
 def like_static_inputs(
