@@ -10,7 +10,6 @@ from ddpgraph.bench.stats import (
     Measurement,
     default_window,
     gap_percent,
-    kernel_ms,
     ratio,
     timeline,
     windows,
@@ -38,19 +37,20 @@ def test_measurement_takes_median_and_range_of_windows() -> None:
     assert m.window_ms == [3.0, 1.0, 2.0, 10.0, 2.5]
 
 
-def test_kernel_ms_sums_device_work_only() -> None:
+def test_summed_kernel_ms_counts_device_work_only() -> None:
     trace = {
         "traceEvents": [
-            {"ph": "X", "cat": "kernel", "name": "gemm", "dur": 1500.0},
-            {"ph": "X", "cat": "kernel", "name": "nccl", "dur": 500},
-            {"ph": "X", "cat": "gpu_memcpy", "name": "DtoD", "dur": 250},
-            {"ph": "X", "cat": "gpu_memset", "name": "Memset", "dur": 250},
-            {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "dur": 9000},
-            {"ph": "i", "cat": "kernel", "name": "marker"},
+            {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 1500.0},
+            {"ph": "X", "cat": "kernel", "name": "nccl", "ts": 100, "dur": 500},
+            {"ph": "X", "cat": "gpu_memcpy", "name": "DtoD", "ts": 2000, "dur": 250},
+            {"ph": "X", "cat": "gpu_memset", "name": "Memset", "ts": 2300, "dur": 250},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 9000},
+            {"ph": "i", "cat": "kernel", "name": "marker", "ts": 50},
         ]
     }
-    assert kernel_ms(trace) == (2.5, 4)
-    assert kernel_ms({}) == (0.0, 0)
+    line = timeline(trace)
+    assert (line.summed_ms, line.activities) == (2.5, 4)
+    assert (timeline({}).summed_ms, timeline({}).activities) == (0.0, 0)
 
 
 def _event(ts: float, dur: float, cat: str = "kernel") -> dict[str, object]:

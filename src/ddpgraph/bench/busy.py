@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .stats import kernel_ms, timeline
+from .stats import timeline
 
 
 @dataclass
@@ -42,8 +42,7 @@ def profile_steps(run_steps: Callable[[], None], steps: int, device: torch.devic
         prof.export_chrome_trace(path)
         with open(path) as fh:
             trace = json.load(fh)
-    total, count = kernel_ms(trace)
-    if count == 0:
-        return GpuProfile(why="the profiler recorded no kernels, so GPU busy is unknown")
     line = timeline(trace)
-    return GpuProfile(total / steps, line.active_ms / steps, line.per_step(steps))
+    if line.activities == 0:
+        return GpuProfile(why="the profiler recorded no kernels, so GPU busy is unknown")
+    return GpuProfile(line.summed_ms / steps, line.active_ms / steps, line.per_step(steps))

@@ -47,22 +47,12 @@ def default_window(steps: int) -> int:
     return max(1, steps // 12)
 
 
-def kernel_ms(trace: dict[str, Any]) -> tuple[float, int]:
-    """Summed duration (ms) and count of the GPU kernels, copies and memsets in a Chrome trace."""
-    total_us = 0.0
-    count = 0
-    for event in trace.get("traceEvents", []):
-        if event.get("ph") == "X" and event.get("cat") in KERNEL_CATEGORIES:
-            total_us += float(event.get("dur", 0.0))
-            count += 1
-    return total_us / 1000.0, count
-
-
 @dataclass(frozen=True)
 class Timeline:
     """The device activity of a trace, laid end to end."""
 
     activities: int  # kernels, copies and memsets
+    summed_ms: float  # their durations added up (overlapping work counts each time)
     active_ms: float  # time with at least one of them running
     span_ms: float  # from the first start to the last end
     gaps_us: list[float]  # the idle intervals inside the span, in order
@@ -99,7 +89,7 @@ def timeline(trace: dict[str, Any]) -> Timeline:
         if e.get("ph") == "X" and e.get("cat") in KERNEL_CATEGORIES and "ts" in e
     )
     if not spans:
-        return Timeline(0, 0.0, 0.0, [])
+        return Timeline(0, 0.0, 0.0, 0.0, [])
     active_us, gaps = 0.0, []
     start, end = spans[0]
     for s, e in spans[1:]:
@@ -110,7 +100,8 @@ def timeline(trace: dict[str, Any]) -> Timeline:
         else:
             end = max(end, e)
     active_us += end - start
-    return Timeline(len(spans), active_us / 1000.0, (end - spans[0][0]) / 1000.0, gaps)
+    summed_us = sum(e - s for s, e in spans)
+    return Timeline(len(spans), summed_us / 1000.0, active_us / 1000.0, (end - spans[0][0]) / 1000.0, gaps)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
