@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from ddpgraph import Code, Location
-from ddpgraph.doctor.recorder import Recorder, StreamInfo, storage_key
+from ddpgraph.doctor.observed import StreamInfo, storage_key
+from ddpgraph.doctor.recorder import Recorder
 
 SIDE = StreamInfo(7, False)
 DEFAULT = StreamInfo(0, True)

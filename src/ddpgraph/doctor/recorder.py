@@ -34,8 +34,6 @@ from .failure_rules import capture_failure_findings, script_error_finding
 from .observed import DdpForward, DdpModel, Graph, GraphInput, StateLoad, StreamInfo, storage_key
 from .records import GraphCounts, RankRecord, RankStatus
 
-__all__ = ["Recorder", "StreamInfo", "storage_key"]
-
 
 class Recorder:
     """Bookkeeping for one rank. Events come from the instrumentation, in call order."""
