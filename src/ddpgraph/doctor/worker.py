@@ -37,6 +37,10 @@ class Worker:
         self.recorder = Recorder(rank, world_size, on_change=self.write)
         self.instrumentation = Instrumentation(self.recorder)
         self._stacks: IO[str] | None = None
+        # The status this rank ended with, once it has one. torchrun stops the other
+        # ranks as soon as one exits, and its SIGTERM can reach a rank that has already
+        # failed or finished on its own: that rank's record must keep what it ended with.
+        self._ended: tuple[RankStatus, int] | None = None
 
     def write(self, status: RankStatus = RankStatus.RUNNING, exit_code: int | None = None) -> None:
         record = self.recorder.record(status, exit_code)
@@ -55,12 +59,20 @@ class Worker:
         self.write()
 
     def _terminated(self, signum: int, frame: FrameType | None) -> None:
-        self._finish(RankStatus.TERMINATED, _SIGTERM_EXIT)
-        os._exit(_SIGTERM_EXIT)
+        if self._ended is None:
+            self._finish(RankStatus.TERMINATED, _SIGTERM_EXIT)
+            os._exit(_SIGTERM_EXIT)
+        status, code = self._ended
+        # Written again in case the signal cut the first write short; the record is the
+        # same either way.
+        self.write(status, code)
+        os._exit(code)
 
     def _finish(self, status: RankStatus, exit_code: int) -> None:
-        for finding in installed_version_findings():
-            self.recorder.add(finding)
+        if self._ended is None:
+            for finding in installed_version_findings():
+                self.recorder.add(finding)
+        self._ended = (status, exit_code)
         self.write(status, exit_code)
 
     def run(self, script: str, args: list[str]) -> int:
