@@ -44,6 +44,7 @@ class RunResult:
     losses: list[float] = field(default_factory=list)
     params: list[torch.Tensor] = field(default_factory=list, repr=False)
     note: str = ""
+    replays: int = 0  # graph replays; 0 for a run that never ran a captured step
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,8 +167,11 @@ def _captured(name, info, workload, options, batches, steps, tick):  # type: ign
     with capture_step(make_train_step(ddp, opt, workload.loss, options), model=ddp, optimizer=opt) as step:
         result = _loop(name, step, sched, ddp, info, batches, steps, tick)
         s = step.stats
+        result.replays = s.replays
         if step.reason is not None:
             result.note = step.reason.format()
+            how = f"fell back after {s.replays} replays" if s.replays else "ran eagerly"
+            result.name = f"{name} ({how}: {step.reason.code.name})"
         else:
             result.note = ""
             result.name = (
@@ -209,6 +213,9 @@ def _print(info: DistInfo, args: argparse.Namespace, results: list[RunResult], r
             f"{r.losses[-1]:.4f}",
         )
     console().print(table)
+    if cap.replays == 0:
+        # Every row ran eagerly: a speedup there is run-to-run noise, not a gain.
+        rank0_print("Nothing was captured, so all three runs are eager; their ms/step differ only by noise.")
     loss_diff = _max_abs(ref.losses, cap.losses)
     param_diff = _param_rel(ref.params, cap.params)
     agree = "agree" if loss_diff <= 1e-5 and param_diff <= 1e-5 else "DIFFER"

@@ -61,6 +61,8 @@ def test_demo_says_why_it_did_not_capture(
     out = demo[0].stdout
     assert "capture_step did not capture:" in out
     assert "[NO_CUDA]" in out and "[ranks 0-1]" in out
+    assert "capture_step (ran eagerly: NO_CUDA)" in out  # the row does not pass for a captured run
+    assert "all three runs are eager" in out
     assert "HINT:" in out
 
 
