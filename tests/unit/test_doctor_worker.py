@@ -4,7 +4,6 @@ running is recorded as terminated."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from ddpgraph.doctor.records import DIR_VARIABLE, RankStatus, read_records
+from ddpgraph.doctor.worker import PEER_WAIT_VARIABLE
+from doctor_scripts.expect import env as doctor_env
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="needs POSIX signals")
 
@@ -27,12 +28,11 @@ def start_rank(tmp_path: Path, source: str) -> tuple[subprocess.Popen[bytes], Pa
     records = tmp_path / "records"
     records.mkdir()
     env = {
-        **os.environ,
+        **doctor_env(),
         DIR_VARIABLE: str(records),
         "RANK": "0",
         "WORLD_SIZE": "2",  # rank 1 never hands in a record, so a failed rank 0 waits for it
-        "DDPGRAPH_DOCTOR_PEER_WAIT": "60",
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        PEER_WAIT_VARIABLE: "60",
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddpgraph.doctor.worker", str(script)],

@@ -69,9 +69,8 @@ class Worker:
         os._exit(code)
 
     def _finish(self, status: RankStatus, exit_code: int) -> None:
-        if self._ended is None:
-            for finding in installed_version_findings():
-                self.recorder.add(finding)
+        for finding in installed_version_findings():
+            self.recorder.add(finding)
         self._ended = (status, exit_code)
         self.write(status, exit_code)
 
