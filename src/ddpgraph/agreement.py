@@ -8,12 +8,22 @@ decides from the gathered list, which is the same on every rank.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from .findings import Code, Finding, format_ranks, merge_by_code
+
+
+class Action(enum.IntEnum):
+    """What a rank asks for at a decision point; the ranks take the strongest request."""
+
+    CONTINUE = 0
+    RECAPTURE = 1  # drop the graph, warm up and capture again
+    EAGER = 2  # drop the graph, run every later step eagerly (or raise, per on_failure)
+    RAISE = 3  # raise `DdpGraphError` on every rank
 
 
 @dataclass
@@ -26,6 +36,9 @@ class Outcome:
     forwards: int = 0  # DDP forwards the reducer has counted so far
     forwards_per_step: int = 0  # counted during the last step
     reducer_needs_reset: bool = False
+    action: Action = Action.CONTINUE
+    usage_error: bool = False  # the finding is a usage error: every rank raises it
+    warmup_steps: int = 0  # the warm-up this rank plans; ranks take the longest
 
 
 @dataclass
@@ -47,6 +60,14 @@ class Decision:
     @property
     def reducer_needs_reset(self) -> bool:
         return any(o.reducer_needs_reset for o in self.outcomes)
+
+    @property
+    def action(self) -> Action:
+        return max((o.action for o in self.outcomes), default=Action.CONTINUE)
+
+    @property
+    def usage_error(self) -> bool:
+        return any(o.usage_error for o in self.outcomes)
 
     def summary(self) -> Finding:
         """The finding to report for a decision that did not go ahead: the first one, and,

@@ -359,9 +359,10 @@ class GraphSafeGradScaler:
                 self._state.skipped_steps.fill_(c.init_skipped_steps)
                 self._state.found_inf.zero_()
 
-    def _snapshot(self) -> Callable[[], None]:
-        """A function that puts the scaler back as it is now. `capture_step` uses it
-        around a recording that ran the step for real, or that failed half-way."""
+    def snapshot(self) -> Callable[[], None]:
+        """A function that puts the scaler back as it is now (`snapshot.Restorable`):
+        `capture_step` uses it around a recording that ran the step for real, or that
+        failed half-way."""
         kept = [t.clone() for t in self._state.values()] if self._state is not None else None
         had_state = self._state is not None
 

@@ -1,53 +1,56 @@
 """`capture_step`: a whole DDP training step recorded once as a CUDA graph and replayed.
 
-The step object is a small state machine::
+`CapturedStep` is the capture engine (`engine`: states, the one decision point, the
+transitions; its docstring states the invariant) plus the training step's policy: the
+DDP warm-up arithmetic, the probe step's checks, what a failed capture puts back, and
+the guards consulted before each replay. The guards only report:
 
-    WARMUP --(probe clean on all ranks, capture ok on all ranks)--> CAPTURED
-    WARMUP --(refusal, probe finding, or failed capture on any rank)--> EAGER
-    CAPTURED --(hyper-parameter frozen in the graph changed)--> EAGER
-    CAPTURED --(checkpoint loaded that cannot be copied in)--> WARMUP (capture again)
-    any --close()--> CLOSED
-
-Every transition that changes which collectives a rank runs is taken after `agree`,
-so all ranks take it on the same call.
+* `param_guard`: parameter storage or `requires_grad` changed (re-capture);
+* `step_optimizers`: hyper-parameters, param groups, state replaced or loaded with
+  another structure (re-capture, or eager steps for a Python hyper-parameter);
+* the call's signature and the model's train/eval mode (that call runs eagerly, a
+  local choice that pairs with the peers' replays; under `on_input_change="raise"` a
+  report, raised on every rank at the next decision point).
 """
 
 from __future__ import annotations
 
-import enum
 import logging
-import time
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from . import ddp as ddp_tools
-from .agreement import Decision, Outcome, agree
-from .amp import GraphSafeGradScaler
-from .backends import CapturedGraph, CaptureError, CudaGraphBackend, GraphBackend
-from .diagnose import finding_from_capture_error
+from .agreement import Action, Outcome
+from .backend_choice import choose_backend
+from .backends import CudaGraphBackend, GraphBackend
+from .call_guard import unservable
 from .distributed import current_rank
-from .errors import DdpGraphError, DdpGraphUsageError, usage_error
+from .engine import Captured, CaptureEngine, Report, StepState, StepStats
+from .errors import DdpGraphUsageError, usage_error
 from .findings import Code, Finding
-from .inputs import (
-    Signature,
-    StaticInputs,
-    check_supported,
-    flatten_call,
-    leaf_paths,
-)
-from .optim import HyperparamGuard, TensorHyperparams, baked_finding, graph_safe_optimizer
+from .inputs import check_supported, leaf_paths, stage_leaves
+from .options import CaptureOptions
+from .param_guard import ParamLayout
 from .probe import host_sync_probe
-from .replay import OnFailure, Recording, UnservedCalls, check_policies, fall_back, run_eager_call
+from .probe_checks import ProbeWatch
+from .replay import OnFailure, UnservedCalls
 from .rng import generators_refusal, keep_states
-from .snapshot import TrainingSnapshot
-from .warmup import MIN_WARMUP_ITERATIONS, default_warmup_steps, steps_until_capturable
+from .snapshot import Restorable, TrainingSnapshot
+from .step_optimizers import StepOptimizers
+from .warmup import (
+    MIN_WARMUP_ITERATIONS,
+    default_warmup_steps,
+    step_is_capturable,
+    steps_until_capturable,
+)
+
+__all__ = ["CapturedStep", "StepState", "StepStats", "as_optimizers", "capture_step", "choose_backend"]
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
@@ -57,227 +60,68 @@ R = TypeVar("R")
 NON_DDP_WARMUP_STEPS = 3
 
 
-class StepState(str, enum.Enum):
-    WARMUP = "warmup"
-    CAPTURED = "captured"
-    EAGER = "eager"
-    CLOSED = "closed"
-
-
-@dataclass
-class StepStats:
-    calls: int = 0
-    warmup_steps: int = 0
-    replays: int = 0
-    eager_steps: int = 0  # eager calls after warm-up: fallback or changed inputs
-    input_changes: int = 0
-    captures: int = 0
-    capture_seconds: float | None = None
-
-
-class CapturedStep(Generic[R]):
+class CapturedStep(CaptureEngine[R]):
     """A training step that warms up eagerly, is captured once, then replays.
 
     Call it like the function it wraps. Build it with `capture_step`.
     """
 
-    def __init__(
-        self,
-        fn: Callable[..., R],
-        *,
-        model: nn.Module,
-        optimizers: Sequence[Optimizer],
-        warmup_steps: int | None,
-        on_failure: OnFailure,
-        on_input_change: OnFailure,
-        clone_outputs: bool,
-        stream: torch.cuda.Stream | None,
-        pool: Any,
-        backend: GraphBackend | None,
-        generators: Sequence[torch.Generator] = (),
-        scaler: GraphSafeGradScaler | None = None,
-    ) -> None:
-        self._fn = fn
-        self._generators = list(generators)
-        self._scaler = scaler
-        self._model = model
-        self._optimizers = list(optimizers)
-        self._on_failure = on_failure
-        self._on_input_change = on_input_change
-        self._clone_outputs = clone_outputs
-        self._pool = pool
-        self._device = ddp_tools.model_device(model)
-        self._group = model.process_group if isinstance(model, DDP) else None
+    def __init__(self, fn: Callable[..., R], *, model: nn.Module, optimizers: Sequence[Optimizer], options: CaptureOptions) -> None:
+        super().__init__(fn, model, options, shared=_has_peers(model))
+        self._optim = StepOptimizers(optimizers, self._device)
+        self._generators = list(options.generators)
+        self._restorables: list[Restorable] = [options.scaler] if options.scaler is not None else []
         self._counter = ddp_tools.forward_counter(model)
-        self.stats = StepStats()
-        self._state = StepState.WARMUP
-        self._reason: Finding | None = None
-        self._findings: list[Finding] = []
-        self._recording: Recording[R] | None = None
-        self._guards: list[HyperparamGuard] = []
-        self._captured_state: list[dict[Any, dict[str, Any]]] = []
-        self._captured_params: list[nn.Parameter] = []
-        self._captured_training = True
-        self._captured_forward_sync = True
-        self._captured_buffer_sync = False
         self._probed = False
-        self._unserved = UnservedCalls(on_input_change)
+        self._per_step = 1
+        self._gate_open = True
+        self._layout: ParamLayout | None = None
+        self._unserved = UnservedCalls(options.on_input_change)
         self._hooks: list[Any] = []
-        self._tensor_lrs: list[TensorHyperparams] = []
-
-        # Arguments are checked before anything (the optimizer) is changed.
-        forwards = self._counter.count if self._counter else 0
-        self._capture_after = self._validate_warmup(warmup_steps, forwards)
-        refusal = self._choose_backend(backend, stream)
-        if refusal is None and self._backend is not None:
-            refusal = generators_refusal(
-                self._generators, self._device, isinstance(self._backend, CudaGraphBackend)
-            )
-        if refusal is None and self._backend is not None:
-            refusal = self._make_optimizers_graph_safe()
-        # Ranks that refuse here would never reach the probe's collective, so the
-        # refusal itself is agreed on.
-        decision = agree(
-            Outcome(current_rank(), refusal is None, [refusal] if refusal else []),
-            self._group,
-            self._device,
+        self._capture_after = 0
+        self._setup_refusal: Finding | None = None
+        # Everything that can be wrong on one rank only is found before the agreement,
+        # and nothing is changed before it: a usage error makes every rank raise.
+        usage = refusal = None
+        try:
+            options.check()
+            self._capture_after = self._validate_warmup(options.warmup_steps)
+            self._backend, self._stream, refusal = choose_backend(model, self._device, options.backend, options.stream)
+            if refusal is None and self._backend is not None:
+                refusal = generators_refusal(self._generators, self._device, isinstance(self._backend, CudaGraphBackend))
+            refusal = refusal or self._optim.refusal()
+        except DdpGraphUsageError as err:
+            usage = err.finding
+        found = [f for f in (usage, refusal) if f is not None]
+        decision = self._decide(
+            Outcome(current_rank(), not found, found, usage_error=usage is not None, warmup_steps=self._capture_after)
         )
+        if decision.usage_error:
+            self._state = StepState.CLOSED
+            raise DdpGraphUsageError(self._summarise(decision))
         if not decision.ok:
             summary = self._summarise(decision)
             self._give_up(summary, warn=summary.code is not Code.NO_CUDA)
+        else:
+            self._capture_after = max(o.warmup_steps for o in decision.outcomes)
+            self._setup_refusal = self._optim.prepare()  # agreed on at the probe
         self._install_load_hooks()
 
-    # ----------------------------------------------------------------- public surface
-    @property
-    def state(self) -> StepState:
-        return self._state
+    def hold(self) -> None:
+        """Keep warming up without probing or capturing until `release` (the compile
+        strategy settles torch.compile first)."""
+        self._gate_open = False
 
-    @property
-    def reason(self) -> Finding | None:
-        """Why the step is not (or no longer) captured; None while all is well."""
-        return self._reason
+    def release(self, warmup_steps: int) -> None:
+        """Probe after `warmup_steps` more eager calls, then capture."""
+        self._gate_open = True
+        self._capture_after = self.stats.warmup_steps + max(1, warmup_steps)
 
-    @property
-    def findings(self) -> list[Finding]:
-        """Every finding that led to the current state, with the ranks it came from."""
-        return list(self._findings)
-
-    @property
-    def pool(self) -> Any:
-        """The graph memory pool handle this step captures into (None: a private one)."""
-        return self._pool
-
-    @property
-    def backend_name(self) -> str:
-        return self._backend.name if self._backend is not None else "eager"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> R:
-        if self._state is StepState.CLOSED:
-            raise DdpGraphError(
-                Finding(Code.STEP_CLOSED, "this step was closed", subject="`CapturedStep`")
-            )
-        self.stats.calls += 1
-        leaves, spec = flatten_call(args, kwargs)
-        if self._state is StepState.CAPTURED:
-            return self._replay(args, kwargs, leaves, spec)
-        if self._state is StepState.EAGER:
-            self.stats.eager_steps += 1
-            return self._run_eager(leaves, spec)
-        if self.stats.warmup_steps == 0:
-            check_supported(args, kwargs)
-        for kept in self._tensor_lrs:
-            kept.restore()
-        if (
-            self._probed
-            and self.stats.warmup_steps >= self._capture_after
-            and not ddp_tools.buffer_sync_skipped(self._model)
-        ):
-            return self._capture(args, kwargs, leaves, spec)
-        return self._warmup(leaves, spec)
-
-    def close(self) -> None:
-        """Free the graph and its memory. Call before `destroy_process_group`: a live
-        graph holds a reference to the NCCL communicator."""
-        if self._state is StepState.CLOSED:
-            return
-        if self._device.type == "cuda" and torch.cuda.is_available():
-            torch.cuda.synchronize(self._device)
-        self._drop_graph()
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
-        self._state = StepState.CLOSED
-
-    def __enter__(self) -> CapturedStep[R]:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        reason = f", reason={self._reason.code.value}" if self._reason else ""
-        return f"CapturedStep(state={self._state.value}, backend={self.backend_name}{reason})"
-
-    # ----------------------------------------------------------------- setup
-    def _choose_backend(
-        self, backend: GraphBackend | None, stream: torch.cuda.Stream | None
-    ) -> Finding | None:
-        self._backend: GraphBackend | None = backend
-        self._stream: torch.cuda.Stream | None = None
-        on_cuda = self._device.type == "cuda" and torch.cuda.is_available()
-        if on_cuda:
-            built_on = ddp_tools.built_on_stream(self._model)
-            if stream is not None:
-                if isinstance(self._model, DDP):
-                    ddp_tools.mark_built_on(self._model, stream)
-                self._stream = stream
-            elif isinstance(self._model, DDP) and built_on is None:
-                return Finding(
-                    Code.DDP_STREAM_MISMATCH,
-                    "this DistributedDataParallel model was not built by "
-                    "`ddpgraph.prepare_ddp`, so its gradient accumulators belong to another "
-                    "stream (usually the default stream) and backward cannot be captured",
-                    "build it with `ddp = ddpgraph.prepare_ddp(model, device_ids=[local_rank])`; "
-                    "if you built DDP inside `with torch.cuda.stream(s):` yourself, pass "
-                    "`stream=s` to `capture_step`",
-                    subject="`capture_step(model=...)`",
-                )
-            else:
-                from .streams import capture_stream
-
-                self._stream = built_on or capture_stream(self._device)
-            if self._backend is None:
-                self._backend = CudaGraphBackend()
-            return None
-        if self._backend is not None:
-            return None  # a stand-in backend on CPU
-        why = (
-            "CUDA is not available (torch.cuda.is_available() is False)"
-            if not torch.cuda.is_available()
-            else f"the model's parameters are on {self._device}"
-        )
-        return Finding(Code.NO_CUDA, f"{why}; the step runs eagerly", subject="`capture_step`")
-
-    def _make_optimizers_graph_safe(self) -> Finding | None:
-        for opt in self._optimizers:
-            try:
-                graph_safe_optimizer(opt, tensor_lr_on_cpu=self._device.type == "cpu")
-            except DdpGraphError as err:
-                return err.finding
-        self._tensor_lrs = [TensorHyperparams(opt) for opt in self._optimizers]
-        return None
-
-    def _validate_warmup(self, warmup_steps: int | None, forwards: int) -> int:
+    def _validate_warmup(self, warmup_steps: int | None) -> int:
         is_ddp = isinstance(self._model, DDP)
+        forwards = self._counter.count if self._counter else 0
         if warmup_steps is None:
             return default_warmup_steps(forwards) if is_ddp else NON_DDP_WARMUP_STEPS
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
-            raise usage_error(
-                "`capture_step(warmup_steps=...)`",
-                f"expected an int >= 1, got {warmup_steps!r}",
-                "leave it out for the default (11 for a fresh DDP model); the last warm-up "
-                "step checks the step for host synchronisations",
-            )
         exact = self._counter is not None and self._counter.exact
         if is_ddp and exact and forwards + warmup_steps < MIN_WARMUP_ITERATIONS:
             raise DdpGraphUsageError(
@@ -292,319 +136,156 @@ class CapturedStep(Generic[R]):
             )
         return warmup_steps
 
-    # ----------------------------------------------------------------- phases
-    def _run_eager(self, leaves: list[Any], spec: Any) -> R:
-        return run_eager_call(self._fn, leaves, spec, self._device, self._stream)
+    # ----------------------------------------------------------------- warm-up and capture
+    def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+        if self.stats.warmup_steps == 0:
+            check_supported(args, kwargs)
+        self._optim.before_warmup_call()
+        due = self._gate_open and self.stats.warmup_steps + 1 >= self._capture_after
+        if due and self._probed:
+            return self._capture_call(args, kwargs, leaves, spec)
+        if due and self._backend is not None:
+            return self._probe(args, kwargs, leaves, spec)
+        self.stats.warmup_steps += 1
+        return self._eager(leaves, spec)
 
-    def _warmup(self, leaves: list[Any], spec: Any) -> R:
-        probe_now = (
-            not self._probed
-            and self._backend is not None
-            and self.stats.warmup_steps + 1 >= self._capture_after
-        )
-        if not probe_now:
-            self.stats.warmup_steps += 1
-            return self._run_eager(leaves, spec)
+    def _probe(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+        """The last warm-up step, watched: host syncs, hyper-parameters it changes, its
+        writes into arguments, optimizers it steps that were not passed."""
         before = self._counter.count if self._counter else 0
-        hyper_before = [_hyperparameter_values(opt) for opt in self._optimizers]
-        sync_probe_on = isinstance(self._backend, CudaGraphBackend)
-        with host_sync_probe(enabled=sync_probe_on) as probe:
-            out = self._run_eager(leaves, spec)
+        hyper = self._optim.hyperparameters()
+        staged = stage_leaves(leaves, self._device)
+        watch = ProbeWatch(staged, leaf_paths(args, kwargs), self._optim.optimizers)
+        with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe, watch.watching():
+            out = self._eager(staged, spec)
         self.stats.warmup_steps += 1
         self._probed = True
-        findings = probe.findings()
-        findings += _hyperparameter_changes(self._optimizers, hyper_before)
+        findings = probe.findings() + self._optim.changed_by_step(hyper) + watch.findings()
+        if self._setup_refusal is not None:
+            findings.insert(0, self._setup_refusal)
         forwards = self._counter.count if self._counter else 0
-        decision = agree(
-            Outcome(current_rank(), not findings, findings, forwards, forwards - before),
-            self._group,
-            self._device,
-        )
+        decision = self._decide(self._outcome(findings, forwards=forwards, forwards_per_step=forwards - before))
         if not decision.ok:
             self._give_up(self._summarise(decision))
             return out
-        per_step = max(o.forwards_per_step for o in decision.outcomes)
-        extra = steps_until_capturable([o.forwards for o in decision.outcomes], per_step)
-        self._capture_after = self.stats.warmup_steps + extra
+        self._per_step = max(o.forwards_per_step for o in decision.outcomes)
+        extra = steps_until_capturable([o.forwards for o in decision.outcomes], self._per_step)
+        self._capture_after = self.stats.warmup_steps + extra + 1
         return out
 
-    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
-        assert self._backend is not None
-        buffer_sync = ddp_tools.will_sync_buffers(self._model)
-        signature = Signature(leaves, spec, leaf_paths(args, kwargs))
-        static = StaticInputs(leaves, spec, self._device)
-        snapshot = TrainingSnapshot([self._model], self._optimizers)
-        static_args, static_kwargs = static.call_args()
-        graph: CapturedGraph | None = None
-        # What the recording may change besides model and optimizer: put back after a
-        # stand-in recording (which runs the step) or a failed one.
-        undo = [keep_states(self._generators)] + ([self._scaler._snapshot()] if self._scaler else [])
-        extra = {"generators": self._generators} if self._generators else {}
-        start = time.perf_counter()
-        # Warnings raised while recording tell some causes apart (DDP's stream warning; the
-        # host syncs that sync debug mode reports, which CUDA reports only as an invalidated
-        # capture). The probe covers the step alone, not ddpgraph's own capture setup.
-        syncs: list[Any] = []
+    def _capture_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+        # Forwards run since the probe (an extra one with grad, or a no_grad eval just
+        # before, which makes DDP skip its buffer broadcast) can make this call
+        # uncapturable: checked here, on every rank, and agreed on.
+        forwards = self._counter.count if self._counter else 0
+        ready = not ddp_tools.buffer_sync_skipped(self._model) and (
+            self._counter is None or step_is_capturable(forwards, self._per_step)
+        )
+        decision = self._decide(Outcome(current_rank(), ready, forwards=forwards))
+        if not decision.ok:
+            extra = steps_until_capturable([o.forwards for o in decision.outcomes], self._per_step)
+            self._capture_after = self.stats.warmup_steps + max(1, extra) + 1
+            self.stats.warmup_steps += 1
+            return self._eager(leaves, spec)
+        self._optim.prepare()  # a param group added during warm-up gets its tensor lr
+        return self._record_call(args, kwargs, leaves, spec)
 
-        def record() -> Any:
-            with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe:
-                try:
-                    return self._fn(*static_args, **static_kwargs)
-                finally:
-                    syncs.extend(probe.events)
+    def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        snapshot = TrainingSnapshot([self._model], self._optim.optimizers)
+        # Besides model and optimizer: generators and restorables (a scaler).
+        undo = [keep_states(self._generators)] + [r.snapshot() for r in self._restorables]
 
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                graph = self._backend.capture(
-                    record,
-                    stream=self._stream,
-                    pool=self._pool,
-                    **extra,
-                )
-                outcome = Outcome(current_rank(), True)
-            except CaptureError as err:
-                outcome = Outcome(
-                    current_rank(),
-                    False,
-                    [
-                        finding_from_capture_error(err, [str(w.message) for w in caught], syncs)
-                    ],
-                    reducer_needs_reset=not ddp_tools.reducer_finalized(self._model),
-                )
-        for w in caught:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        elapsed = time.perf_counter() - start
-        decision = agree(outcome, self._group, self._device)
-        if decision.ok and graph is not None:
-            self._recording = Recording(graph, static, signature, self._clone_outputs)
-            self._captured_buffer_sync = buffer_sync
-            self._state = StepState.CAPTURED
-            self.stats.captures += 1
-            self.stats.capture_seconds = elapsed
-            if self._backend.executes_during_capture:
-                snapshot.restore(rng=True)
-                for put_back in undo:
-                    put_back()
-            self._remember_captured_state()
-            log.info("captured the training step in %.3f s on rank %d", elapsed, current_rank())
-            return self._replay_now(leaves)
-        if graph is not None:
-            graph.release()
-        if decision.reducer_needs_reset:
-            ddp_tools.reset_reducer(self._model)
-        snapshot.restore(rng=True, cuda_rng=True)
-        for put_back in undo:
-            put_back()
-        self._give_up(self._summarise(decision))
-        self.stats.eager_steps += 1
-        return self._run_eager(leaves, spec)
+        def after_stand_in() -> None:
+            snapshot.restore(rng=True)
+            for put_back in undo:
+                put_back()
 
-    def _replay(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
-        assert self._recording is not None
-        if not self._recording.serves(leaves, spec):
-            changed = self._recording.changed_input(args, kwargs, "`CapturedStep` call", current_rank())
-            return self._eager_instead(changed, leaves, spec)
-        if self._model.training is not self._captured_training:
-            return self._eager_instead(self._changed_mode(), leaves, spec)
-        if ddp_tools.will_sync_buffers(self._model) is not self._captured_buffer_sync:
-            # The first step after an eval forward: eager DDP skips its buffer broadcast
-            # there, the graph would not. Expected, so counted but not warned about.
-            self.stats.eager_steps += 1
-            return self._run_eager(leaves, spec)
-        for guard in self._guards:
-            changes = guard.check()
-            if any(not c.applied for c in changes):
-                self._drop_graph()
-                self._give_up(baked_finding(changes, guard.optimizer))
-                self.stats.eager_steps += 1
-                return self._run_eager(leaves, spec)
-        return self._replay_now(leaves)
+        def after_failure() -> None:
+            snapshot.restore(rng=True, cuda_rng=True)
+            for put_back in undo:
+                put_back()
 
-    def _replay_now(self, leaves: list[Any]) -> R:
-        assert self._recording is not None
-        outputs = self._recording.replay(leaves)
+        return after_stand_in, after_failure
+
+    def _policy_captured(self) -> None:
+        self._optim.remember()
+        self._layout = ParamLayout(self._model)
+
+    # ----------------------------------------------------------------- captured
+    def _policy_check(
+        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> Report | None:
+        assert self._layout is not None
+        report = self._layout.check() or self._optim.check(self._options.on_failure)
+        if report is None and self._options.on_input_change == "raise":
+            changed = unservable(record, self._model, args, kwargs, leaves, spec)
+            if changed is not None:
+                report = Report(changed, Action.RAISE)
+        return report
+
+    def _policy_unserved(
+        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> bool:
+        changed = unservable(record, self._model, args, kwargs, leaves, spec)
+        if changed is not None:
+            self._unserved.admit(changed, "This step runs eagerly, and so will later calls that the graph cannot serve")
+            self.stats.input_changes += 1
+            return True
+        # The first step after an eval forward: eager DDP skips its buffer broadcast
+        # there, the graph would not. Expected, so counted but not warned about.
+        return ddp_tools.will_sync_buffers(self._model) is not record.buffer_sync
+
+    def _policy_after_replay(self, record: Captured) -> None:
         if isinstance(self._model, DDP):
             # A replay runs no Python. DDP's forward leaves this flag set, and it decides
             # whether the next forward broadcasts buffers; an eval forward in between
             # clears it, which would make that eval skip the broadcast eager training does.
-            self._model.require_forward_param_sync = self._captured_forward_sync
-        self.stats.replays += 1
-        return outputs
+            self._model.require_forward_param_sync = record.forward_sync
 
-    def _changed_mode(self) -> Finding:
-        captured = "train" if self._captured_training else "eval"
-        now = "train" if self._model.training else "eval"
-        return Finding(
-            Code.MODEL_MODE_CHANGED,
-            f"the step was captured with the model in {captured} mode and is called in {now} mode",
-            subject="`CapturedStep` call",
-            ranks=(current_rank(),),
-        )
+    def _policy_recapture(self) -> None:
+        self._optim.forget()
+        self._layout = None
+        self._probed = False
+        self._capture_after = self.stats.warmup_steps + 1
+        self._setup_refusal = self._optim.prepare()
 
-    def _eager_instead(self, finding: Finding, leaves: list[Any], spec: Any) -> R:
-        """One call the graph cannot serve runs eagerly; the graph stays for later calls."""
-        self._unserved.admit(
-            finding, "This step runs eagerly, and so will later calls that the graph cannot serve"
-        )
-        self.stats.input_changes += 1
-        self.stats.eager_steps += 1
-        return self._run_eager(leaves, spec)
-
-    # ----------------------------------------------------------------- decisions
-    def _summarise(self, decision: Decision) -> Finding:
-        self._findings = decision.findings
-        return decision.summary()
-
-    def _give_up(self, finding: Finding, *, warn: bool = True) -> None:
-        self._reason = finding
-        if not self._findings:
-            self._findings = [finding]
-        self._state = StepState.EAGER
-        fall_back(finding, self._on_failure, continues="Training continues with eager steps.", warn=warn, stacklevel=4)
-        log.info("not capturing: %s", finding.format())
-
-    def _drop_graph(self) -> None:
-        if self._recording is not None:
-            self._recording.release()
-        self._recording = None
-        self._guards = []
-        self._captured_state = []
-        self._captured_params = []
+    def _policy_close(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
 
     # ----------------------------------------------------------------- checkpoints
-    def _remember_captured_state(self) -> None:
-        self._guards = [HyperparamGuard(opt) for opt in self._optimizers]
-        self._captured_state = [
-            {p: dict(s) for p, s in opt.state.items()} for opt in self._optimizers
-        ]
-        self._captured_params = list(self._model.parameters())
-        self._captured_training = self._model.training
-        self._captured_forward_sync = bool(getattr(self._model, "require_forward_param_sync", True))
-
     def _install_load_hooks(self) -> None:
-        for opt in self._optimizers:
+        for opt in self._optim.optimizers:
             if hasattr(opt, "register_load_state_dict_post_hook"):
                 self._hooks.append(opt.register_load_state_dict_post_hook(self._after_optimizer_load))
         inner = self._model.module if isinstance(self._model, DDP) else self._model
         self._hooks.append(inner.register_load_state_dict_post_hook(self._after_model_load))
 
     def _after_optimizer_load(self, optimizer: Optimizer) -> None:
-        """Keep the graph's storage: copy loaded values into the captured tensors."""
-        if self._state is not StepState.CAPTURED:
-            if self._backend is not None and self._state is StepState.WARMUP:
-                graph_safe_optimizer(optimizer, tensor_lr_on_cpu=self._device.type == "cpu")
-            return
-        index = next(i for i, o in enumerate(self._optimizers) if o is optimizer)
-        if not _copy_into_captured(optimizer, self._captured_state[index], self._guards[index]):
-            self._invalidate(
-                f"`{type(optimizer).__name__}.load_state_dict` loaded state with another "
-                "structure than the captured one"
-            )
+        """Keep the graph's storage: copy loaded values into the captured tensors; a load
+        that cannot be copied is reported, and re-captured once the ranks agree."""
+        if self._state is StepState.CAPTURED:
+            report = self._optim.after_load(optimizer)
+            if report is not None:
+                self.report(report)
+        elif self._state is StepState.WARMUP and self._backend is not None:
+            self._setup_refusal = self._optim.prepare()
 
     def _after_model_load(self, module: nn.Module, incompatible: Any) -> None:
-        if self._state is not StepState.CAPTURED:
-            return
-        now = list(self._model.parameters())
-        if len(now) != len(self._captured_params) or any(
-            a is not b for a, b in zip(now, self._captured_params, strict=True)
-        ):
-            self._invalidate("`load_state_dict` replaced the model's parameter tensors")
-
-    def _invalidate(self, why: str) -> None:
-        """Drop the graph; the next call probes once more and captures again."""
-        log.warning(
-            "%s",
-            Finding(
-                Code.OPTIMIZER_STATE_REPLACED,
-                why + "; the graph is dropped and the step will be captured again",
-            ).format(),
-        )
-        self._drop_graph()
-        self._state = StepState.WARMUP
-        self._probed = False
-        self._capture_after = self.stats.warmup_steps + 1
+        if self._state is StepState.CAPTURED and self._layout is not None:
+            report = self._layout.replaced(self._model)
+            if report is not None:
+                self.report(report)
 
 
-def _copy_into_captured(
-    optimizer: Optimizer, captured: dict[Any, dict[str, Any]], guard: HyperparamGuard
-) -> bool:
-    for p, state in optimizer.state.items():
-        old = captured.get(p)
-        if old is None or set(old) != set(state):
-            return False
-        for key, value in state.items():
-            target = old[key]
-            if isinstance(target, torch.Tensor):
-                if not isinstance(value, torch.Tensor) or value.numel() != target.numel():
-                    if isinstance(value, (int, float)) and target.numel() == 1:
-                        target.fill_(value)
-                        continue
-                    return False
-                with torch.no_grad():
-                    target.copy_(value.reshape(target.shape))
-            elif value != target:
-                return False
-    if set(captured) != set(optimizer.state):
+def _has_peers(model: nn.Module) -> bool:
+    """Whether the step's decisions involve other ranks: a DDP model over a group of
+    more than one process."""
+    if not (isinstance(model, DDP) and dist.is_available() and dist.is_initialized()):
         return False
-    for p, old in captured.items():
-        optimizer.state[p] = dict(old)
-    # Hyper-parameters: the guard writes loaded values into the captured tensors, and
-    # reports Python values that differ, which the next call turns into eager steps.
-    loaded_groups = optimizer.param_groups
-    for group, captured_group in zip(loaded_groups, guard.groups, strict=False):
-        for key, value in captured_group.items():
-            if isinstance(value, torch.Tensor) and group.get(key) is not value:
-                new = group.get(key)
-                with torch.no_grad():
-                    if isinstance(new, torch.Tensor):
-                        value.copy_(new.reshape(value.shape))
-                    elif isinstance(new, (int, float)):
-                        value.fill_(new)
-                group[key] = value
-    return True
+    return dist.get_world_size(model.process_group) > 1
 
-
-def _hyperparameter_values(optimizer: Optimizer) -> list[dict[str, Any]]:
-    return [
-        {
-            k: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
-            for k, v in g.items()
-            if k != "params"
-        }
-        for g in optimizer.param_groups
-    ]
-
-
-def _hyperparameter_changes(
-    optimizers: Sequence[Optimizer], before: list[list[dict[str, Any]]]
-) -> list[Finding]:
-    """Hyper-parameters the step function itself changed (a scheduler stepped inside it):
-    replays would repeat the value set while recording."""
-    found: list[Finding] = []
-    for opt, groups in zip(optimizers, before, strict=True):
-        for i, (group, old) in enumerate(zip(opt.param_groups, groups, strict=False)):
-            for key, was in old.items():
-                now = group.get(key)
-                if isinstance(was, torch.Tensor) and isinstance(now, torch.Tensor):
-                    changed = was.shape != now.shape or not torch.equal(was, now.to(was.device))
-                else:
-                    changed = isinstance(was, torch.Tensor) != isinstance(now, torch.Tensor) or (
-                        not isinstance(was, torch.Tensor) and was != now
-                    )
-                if changed:
-                    found.append(
-                        Finding(
-                            Code.LR_BAKED_INTO_GRAPH,
-                            f"the step function changes `{type(opt).__name__}."
-                            f"param_groups[{i}]['{key}']`; a replay would repeat the value "
-                            "set while recording instead of the schedule",
-                            "step schedulers and change hyper-parameters outside the "
-                            "captured function, after the call",
-                            subject="captured function",
-                        )
-                    )
-    return found
 
 
 def capture_step(
@@ -620,7 +301,8 @@ def capture_step(
     pool: Any = None,
     backend: GraphBackend | None = None,
     generators: Sequence[torch.Generator] = (),
-    scaler: GraphSafeGradScaler | None = None,
+    scaler: Any = None,
+    agree_every: int | None = None,
 ) -> CapturedStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
     it does on the GPU) as one CUDA graph, and replay it on later calls.
@@ -653,8 +335,10 @@ def capture_step(
         on_input_change: a call whose arguments differ from the captured ones (shapes,
             dtypes, devices, structure, non-tensor values) is never replayed: "eager"
             (default) runs it eagerly and warns once; "raise" raises `DdpGraphError`.
-            That decision is local to the rank that sees the change; an eager step runs
-            the same collectives in the same order as a replay, so ranks stay paired.
+            The eager call is local to the rank that sees the change (an eager step runs
+            the same collectives in the same order as a replay, so ranks stay paired);
+            "raise" is agreed: every rank raises on the same call, the next decision
+            point (see `agree_every`), and the rank that saw it runs eagerly until then.
         clone_outputs: by default the returned tensors are owned by the graph and are
             overwritten by the next replay (read or clone them before the next call);
             True returns clones, at the cost of a copy per output.
@@ -669,7 +353,26 @@ def capture_step(
             replay draws fresh numbers from them and advances them as eager steps would.
         scaler: the `ddpgraph.GraphSafeGradScaler` the step uses, so that a failed (or
             stand-in) recording leaves its state as eager training would.
+        agree_every: on a DDP model over several processes, the ranks agree on what
+            their guards saw every this many calls once captured (default 100); a rank
+            that saw something runs eager steps until then, which pair with the peers'
+            replays. Smaller reacts sooner; each agreement is one small collective.
 
+    Detected during the probe step (the step then runs eagerly on every rank, with a
+    finding): host synchronisations, hyper-parameters the step changes, arguments it
+    writes into in place or that receive a gradient (INPUT_CHANGED_BY_STEP), and
+    optimizers it steps that were not passed as `optimizer=` (OPTIMIZER_NOT_PASSED).
+    Detected before every replay: changed argument shapes/dtypes/constants and
+    train/eval mode (that call runs eagerly); a parameter's storage or `requires_grad`
+    changed (`param.data = ...`, `model.half()`, freezing layers: PARAMETERS_CHANGED,
+    captured again); `optimizer.state` replaced, entries added or removed, a param group
+    added, or `load_state_dict` of another structure (OPTIMIZER_STATE_REPLACED, captured
+    again); a Python hyper-parameter changed (LR_BAKED_INTO_GRAPH, eager from then on).
+    Not detected: a single optimizer state tensor replaced inside its entry, a parameter
+    replaced by a new object in its module, and Python state the step reads (flags,
+    attributes), which stays as it was at capture.
+
+    Without CUDA (or with the model on CPU) the step runs eagerly and `reason` has code
     Without CUDA (or with the model on CPU) the step runs eagerly and `reason` has code
     NO_CUDA. Use `close()` or a `with` block to free the graph before the process group.
     """
@@ -681,39 +384,12 @@ def capture_step(
             f"expected a torch.nn.Module, got {type(model).__name__}",
             "pass the DDP model the step trains (from `ddpgraph.prepare_ddp`)",
         )
-    optimizers = as_optimizers(optimizer)
-    check_policies("capture_step", on_failure, on_input_change)
-    if scaler is not None and not isinstance(scaler, GraphSafeGradScaler):
-        raise DdpGraphUsageError(
-            Finding(
-                Code.GRAD_SCALER_IN_CAPTURE,
-                f"expected a ddpgraph.GraphSafeGradScaler, got {type(scaler).__name__}, which "
-                "reads its found-inf flag on the host in `step` and `update`",
-                "use `ddpgraph.GraphSafeGradScaler()`: the same arguments and methods, "
-                "decided on the device",
-                subject="`capture_step(scaler=...)`",
-            )
-        )
-    if stream is not None and not isinstance(stream, torch.cuda.Stream):
-        raise usage_error(
-            "`capture_step(stream=...)`",
-            f"expected a torch.cuda.Stream, got {type(stream).__name__}",
-            "pass the stream DDP was built on, or leave it out when using `prepare_ddp`",
-        )
-    return CapturedStep(
-        fn,
-        model=model,
-        optimizers=optimizers,
-        warmup_steps=warmup_steps,
-        on_failure=on_failure,
-        on_input_change=on_input_change,
-        clone_outputs=clone_outputs,
-        stream=stream,
-        pool=pool,
-        backend=backend,
-        generators=list(generators),
-        scaler=scaler,
+    options = CaptureOptions(
+        warmup_steps, on_failure, on_input_change, clone_outputs, stream, pool, backend,
+        generators=tuple(generators), scaler=scaler,
+        **({} if agree_every is None else {"agree_every": agree_every}),
     )
+    return CapturedStep(fn, model=model, optimizers=as_optimizers(optimizer), options=options)
 
 
 def as_optimizers(optimizer: Optimizer | Sequence[Optimizer] | None) -> list[Optimizer]:

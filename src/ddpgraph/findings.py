@@ -30,6 +30,9 @@ class Code(str, enum.Enum):
     UNSUPPORTED_INPUT = "UNSUPPORTED_INPUT"
     MODEL_MODE_CHANGED = "MODEL_MODE_CHANGED"
     CAPTURE_FAILED = "CAPTURE_FAILED"
+    INPUT_CHANGED_BY_STEP = "INPUT_CHANGED_BY_STEP"
+    OPTIMIZER_NOT_PASSED = "OPTIMIZER_NOT_PASSED"
+    PARAMETERS_CHANGED = "PARAMETERS_CHANGED"
     # The environment.
     NO_CUDA = "NO_CUDA"
     NCCL_TOO_OLD = "NCCL_TOO_OLD"
@@ -133,6 +136,23 @@ CATALOG: dict[Code, CodeInfo] = {
         "A graph replays the kernels of the mode it was recorded in: dropout and "
         "BatchNorm statistics updates in train mode, none in eval mode.",
         "Call `model.train()` again after evaluation, before the next training step.",
+    ),
+    Code.INPUT_CHANGED_BY_STEP: CodeInfo(
+        "The step writes into an argument, or an argument gets a gradient",
+        "A replay reads its arguments from the graph's own input buffers: an in-place write "
+        "(`count.add_(1)`) or a gradient (`x.grad`) lands there, not in the caller's tensor.",
+        "Return the new value instead of writing into the argument, and keep tensors that "
+        "need gradients inside the model, not in the step's arguments.",
+    ),
+    Code.OPTIMIZER_NOT_PASSED: CodeInfo(
+        "An optimizer steps inside the step but was not passed to `capture_step`",
+        "Its hyper-parameters would be frozen into the graph and its schedule ignored.",
+        "Pass every optimizer the step steps: `capture_step(fn, model=..., optimizer=[a, b])`.",
+    ),
+    Code.PARAMETERS_CHANGED: CodeInfo(
+        "The model's parameters changed after capture",
+        "A graph trains the parameter storage and the `requires_grad` flags it was recorded with.",
+        "ddpgraph captures again after such a change; make it before the first step to avoid that.",
     ),
     Code.CAPTURE_FAILED: CodeInfo(
         "Capture failed for a reason ddpgraph does not recognise",

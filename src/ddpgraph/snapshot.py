@@ -10,13 +10,22 @@ tensors. The stand-in backend runs on CPU, so there every value is restored.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
+
+
+class Restorable(Protocol):
+    """Something besides model and optimizer that a recording may change (a grad
+    scaler): `snapshot()` returns the function that puts it back as it is now. A captured
+    step calls it before recording and the returned function after a failed recording,
+    or after a stand-in one, which ran the step for real."""
+
+    def snapshot(self) -> Callable[[], None]: ...
 
 
 def _keep(value: Any) -> Any:

@@ -251,7 +251,7 @@ def test_setters_reach_the_device_schedule() -> None:
 
 def test_snapshot_puts_state_and_stages_back() -> None:
     scaler = GraphSafeGradScaler("cpu", init_scale=8.0)
-    restore = scaler._snapshot()
+    restore = scaler.snapshot()
     _train(scaler, OPTIMIZERS["adamw"], steps=2, inject=frozenset({1}))
     model = _model()
     opt = torch.optim.AdamW(model.parameters())

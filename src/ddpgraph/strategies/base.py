@@ -7,8 +7,7 @@ of `CapturedStep`: call it like the function, read `state`, `reason` and `stats`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Generic, Literal, Protocol, TypeVar, get_args
 
 import torch
@@ -16,12 +15,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import ddp as ddp_tools
-from ..backends import GraphBackend
-from ..capture import StepState, StepStats
+from ..engine import StepState, StepStats
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
 from ..inputs import StaticInputs, flatten_call
-from ..replay import OnFailure, run_eager_call
+from ..options import CaptureOptions as CaptureOptions  # re-exported: the strategies take it
+from ..replay import run_eager_call
 from .selection import SelectionReport
 
 R = TypeVar("R")
@@ -134,39 +133,3 @@ class StepBase(Generic[R]):
     def __repr__(self) -> str:
         reason = f", reason={self.reason.code.value}" if self.reason else ""
         return f"{type(self).__name__}(strategy={self.strategy}, state={self.state.value}{reason})"
-
-
-@dataclass(frozen=True)
-class CaptureOptions:
-    """The `capture_step` arguments a strategy passes on (see `capture_step`)."""
-
-    warmup_steps: int | None = None
-    on_failure: OnFailure = "eager"
-    on_input_change: OnFailure = "eager"
-    clone_outputs: bool = False
-    stream: torch.cuda.Stream | None = None
-    pool: Any = None
-    backend: GraphBackend | None = None
-    # Further `capture_step` keyword arguments (`generators`, `scaler`, ...).
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def kwargs(self, **override: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "warmup_steps": self.warmup_steps,
-            "on_failure": self.on_failure,
-            "on_input_change": self.on_input_change,
-            "clone_outputs": self.clone_outputs,
-            "stream": self.stream,
-            "pool": self.pool,
-            "backend": self.backend,
-            **self.extra,
-        }
-        out.update(override)
-        return out
-
-    def can_capture(self, device: torch.device) -> bool:
-        """Whether a graph can be recorded for a model on `device` (or a stand-in is given)."""
-        return self.backend is not None or (device.type == "cuda" and torch.cuda.is_available())
-
-    def step_stream(self, model: nn.Module) -> torch.cuda.Stream | None:
-        return self.stream or eager_stream(model)

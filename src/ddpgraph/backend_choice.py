@@ -1,0 +1,50 @@
+"""Which graph backend and stream a captured step uses, or why it cannot capture.
+
+One small function, so that a new way to accept a model (a DDP built elsewhere, adopted
+onto the capture stream) changes this decision and nothing else.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import ddp as ddp_tools
+from .backends import CudaGraphBackend, GraphBackend
+from .findings import Code, Finding
+
+
+def choose_backend(
+    model: nn.Module, device: torch.device, backend: GraphBackend | None, stream: torch.cuda.Stream | None
+) -> tuple[GraphBackend | None, torch.cuda.Stream | None, Finding | None]:
+    """The backend and stream a step captures with, or why it cannot capture at all."""
+    if not (device.type == "cuda" and torch.cuda.is_available()):
+        if backend is not None:
+            return backend, None, None  # a stand-in backend on CPU
+        why = (
+            "CUDA is not available (torch.cuda.is_available() is False)"
+            if not torch.cuda.is_available()
+            else f"the model's parameters are on {device}"
+        )
+        return None, None, Finding(Code.NO_CUDA, f"{why}; the step runs eagerly", subject="`capture_step`")
+    built_on = ddp_tools.built_on_stream(model)
+    if stream is not None:
+        if isinstance(model, DDP):
+            ddp_tools.mark_built_on(model, stream)
+    elif isinstance(model, DDP) and built_on is None:
+        return backend, None, Finding(
+            Code.DDP_STREAM_MISMATCH,
+            "this DistributedDataParallel model was not built by "
+            "`ddpgraph.prepare_ddp`, so its gradient accumulators belong to another "
+            "stream (usually the default stream) and backward cannot be captured",
+            "build it with `ddp = ddpgraph.prepare_ddp(model, device_ids=[local_rank])`; "
+            "if you built DDP inside `with torch.cuda.stream(s):` yourself, pass "
+            "`stream=s` to `capture_step`",
+            subject="`capture_step(model=...)`",
+        )
+    else:
+        from .streams import capture_stream
+
+        stream = built_on or capture_stream(device)
+    return backend or CudaGraphBackend(), stream, None

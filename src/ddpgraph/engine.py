@@ -1,0 +1,366 @@
+"""The warm-up / capture / replay cycle of a captured step, and where it decides.
+
+    WARMUP --(probe clean and capture ok on every rank)--> CAPTURED
+    WARMUP --(refusal, probe finding or failed capture on any rank)--> EAGER
+    CAPTURED --(a rank reported a change the graph cannot follow)--> WARMUP or EAGER
+    CAPTURED --(a rank reported a change under a "raise" policy)--> raised on every rank
+    any --close()--> CLOSED
+
+Invariant: every transition that changes which collectives a rank runs next is taken
+from a `Decision` returned by `CaptureEngine._decide`, the one place that calls
+`agreement.agree`, so every rank takes it on the same call. Guards never change the
+state: they return a `Report` (what they saw and what it asks for), which the engine
+holds until the next decision point. Decision points are the constructor, the probe
+step, the capture call and, once captured, every `agree_every`-th call (every call on
+a step whose model has no process group: it decides alone).
+
+Between decision points a rank holding a report runs its calls eagerly while its peers
+replay. That pairs: an eager DDP step all-reduces the same buckets in the same order as
+the replayed one. It is what keeps replays free of collectives of their own: a rank
+that has nothing to report adds nothing to a replay but the guards' own checks.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import ddp as ddp_tools
+from .agreement import Action, Decision, Outcome, agree
+from .backends import CapturedGraph, CaptureError, CudaGraphBackend, GraphBackend
+from .diagnose import finding_from_capture_error
+from .distributed import current_rank
+from .errors import DdpGraphError
+from .findings import Code, Finding
+from .inputs import Signature, StaticInputs, flatten_call, leaf_paths
+from .options import CaptureOptions
+from .probe import host_sync_probe
+from .replay import Recording, fall_back, run_eager_call
+
+log = logging.getLogger("ddpgraph")
+R = TypeVar("R")
+
+
+class StepState(str, enum.Enum):
+    WARMUP = "warmup"
+    CAPTURED = "captured"
+    EAGER = "eager"
+    CLOSED = "closed"
+
+
+@dataclass
+class StepStats:
+    calls: int = 0
+    warmup_steps: int = 0
+    replays: int = 0
+    eager_steps: int = 0  # eager calls after warm-up: fallback or changed inputs
+    input_changes: int = 0
+    captures: int = 0
+    capture_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a guard saw on this rank, and the transition it asks the ranks to agree on."""
+
+    finding: Finding
+    action: Action
+
+
+@dataclass(frozen=True)
+class Captured:
+    """What was captured, fixed at the capture call: the graph with its inputs, and the
+    model's flags that a replay cannot change (it runs no Python)."""
+
+    recording: Recording[Any]
+    training: bool
+    forward_sync: bool
+    buffer_sync: bool
+    policy: Any = field(default=None)  # the step's own record (its guards)
+
+
+class CaptureEngine(Generic[R]):
+    """States, stats, the decision point and the transitions; the step adds its policy
+    by overriding the `_policy_*` methods."""
+
+    subject = "`CapturedStep`"
+    continues = "Training continues with eager steps."
+
+    def __init__(self, fn: Callable[..., R], model: nn.Module, options: CaptureOptions, *, shared: bool) -> None:
+        self._fn = fn
+        self._model = model
+        self._options = options
+        self._device = ddp_tools.model_device(model)
+        # A step on a model without a process group decides alone: another rank may
+        # have no such step at all (an EMA or teacher model built on one rank).
+        self._shared = shared and isinstance(model, DDP)
+        self._group = model.process_group if self._shared else None
+        self.stats = StepStats()
+        self._state = StepState.WARMUP
+        self._reason: Finding | None = None
+        self._findings: list[Finding] = []
+        self._record: Captured | None = None
+        self._pending: Report | None = None
+        self._since_decision = 0
+        self._every = options.agree_every if self._shared else 1
+        self._backend: GraphBackend | None = options.backend
+        self._stream: torch.cuda.Stream | None = None
+
+    # ----------------------------------------------------------------- surface
+    @property
+    def state(self) -> StepState:
+        return self._state
+
+    @property
+    def reason(self) -> Finding | None:
+        """Why the step is not (or no longer) captured; None while all is well."""
+        return self._reason
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every finding that led to the current state, with the ranks it came from."""
+        return list(self._findings)
+
+    @property
+    def pool(self) -> Any:
+        """The graph memory pool handle this step captures into (None: a private one)."""
+        return self._options.pool
+
+    @property
+    def backend_name(self) -> str:
+        return self._backend.name if self._backend is not None else "eager"
+
+    @property
+    def captured(self) -> Captured | None:
+        """The record of the live capture, None when there is none."""
+        return self._record
+
+    def report(self, report: Report) -> None:
+        """Hold `report` until the next decision point (the first report wins: one
+        transition at a time). Until then this rank's calls run eagerly."""
+        if self._pending is None and self._state is StepState.CAPTURED:
+            self._pending = report
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        if self._state is StepState.CLOSED:
+            raise DdpGraphError(Finding(Code.STEP_CLOSED, "this step was closed", subject=self.subject))
+        self.stats.calls += 1
+        leaves, spec = flatten_call(args, kwargs)
+        if self._state is StepState.CAPTURED:
+            return self._serve(args, kwargs, leaves, spec)
+        if self._state is StepState.EAGER:
+            self.stats.eager_steps += 1
+            return self._eager(leaves, spec)
+        return self._policy_warmup_call(args, kwargs, leaves, spec)
+
+    def close(self) -> None:
+        """Free the graph and its memory. Call before `destroy_process_group`: a live
+        graph holds a reference to the NCCL communicator."""
+        if self._state is StepState.CLOSED:
+            return
+        if self._device.type == "cuda" and torch.cuda.is_available():
+            torch.cuda.synchronize(self._device)
+        self._drop_record()
+        self._policy_close()
+        self._state = StepState.CLOSED
+
+    def __enter__(self) -> CaptureEngine[R]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        reason = f", reason={self._reason.code.value}" if self._reason else ""
+        return f"{type(self).__name__}(state={self._state.value}, backend={self.backend_name}{reason})"
+
+    # ----------------------------------------------------------------- the decision point
+    def _decide(self, outcome: Outcome) -> Decision:
+        """The one place where ranks agree; every transition below follows its answer."""
+        if not self._shared:
+            return Decision([outcome])
+        return agree(outcome, self._group, self._device)
+
+    def _outcome(self, findings: list[Finding], action: Action = Action.EAGER, **counts: int) -> Outcome:
+        return Outcome(current_rank(), not findings, findings, action=action if findings else Action.CONTINUE, **counts)
+
+    # ----------------------------------------------------------------- replays
+    def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+        record = self._record
+        assert record is not None
+        if self._pending is None:
+            self._pending = self._policy_check(record, args, kwargs, leaves, spec)
+        self._since_decision += 1
+        if self._since_decision >= self._every:
+            self._since_decision = 0
+            pending = self._pending
+            if pending is not None or self._shared:
+                findings = [pending.finding] if pending is not None else []
+                decision = self._decide(self._outcome(findings, pending.action if pending else Action.CONTINUE))
+                if not decision.ok:
+                    return self._leave_graph(decision, args, kwargs, leaves, spec)
+        if self._pending is not None:
+            # Reported, not yet agreed: eager steps pair with the peers' replays.
+            self.stats.eager_steps += 1
+            return self._eager(leaves, spec)
+        eager = self._policy_unserved(record, args, kwargs, leaves, spec)
+        if eager:
+            self.stats.eager_steps += 1
+            return self._eager(leaves, spec)
+        return self._replay(record, leaves)
+
+    def _replay(self, record: Captured, leaves: list[Any]) -> R:
+        outputs: R = record.recording.replay(leaves)
+        self._policy_after_replay(record)
+        self.stats.replays += 1
+        return outputs
+
+    def _leave_graph(
+        self, decision: Decision, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> R:
+        """The agreed answer to a report: capture again, run eagerly, or raise; the same
+        on every rank, on this call."""
+        self._pending = None
+        summary = self._summarise(decision)
+        if decision.action is Action.RAISE:
+            # This call is refused on every rank; the graph stays for later calls.
+            raise DdpGraphError(summary)
+        self._drop_record()
+        if decision.action is Action.RECAPTURE:
+            log.warning("%s", summary.format())
+            self._state = StepState.WARMUP
+            self._policy_recapture()
+            return self._policy_warmup_call(args, kwargs, leaves, spec)
+        self._give_up(summary)
+        self.stats.eager_steps += 1
+        return self._eager(leaves, spec)
+
+    # ----------------------------------------------------------------- capture
+    def _record_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+        """Record the step on the static inputs, agree, then replay it at once (this
+        call's step) or put everything back and continue eagerly, on every rank."""
+        backend = self._backend
+        assert backend is not None
+        buffer_sync = ddp_tools.will_sync_buffers(self._model)
+        static = StaticInputs(leaves, spec, self._device)
+        after_stand_in, after_failure = self._policy_undo()
+        static_args, static_kwargs = static.call_args()
+        graph: CapturedGraph | None = None
+        start = time.perf_counter()
+        # Warnings raised while recording tell some causes apart (DDP's stream warning; the
+        # host syncs that sync debug mode reports, which CUDA reports only as an invalidated
+        # capture). The probe covers the step alone, not ddpgraph's own capture setup.
+        syncs: list[Any] = []
+
+        def record() -> Any:
+            with host_sync_probe(enabled=isinstance(backend, CudaGraphBackend)) as probe:
+                try:
+                    return self._fn(*static_args, **static_kwargs)
+                finally:
+                    syncs.extend(probe.events)
+
+        extra = {"generators": list(self._options.generators)} if self._options.generators else {}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                graph = backend.capture(record, stream=self._stream, pool=self._options.pool, **extra)
+                outcome = Outcome(current_rank(), True)
+            except CaptureError as err:
+                finding = finding_from_capture_error(err, [str(w.message) for w in caught], syncs)
+                stuck = not ddp_tools.reducer_finalized(self._model)
+                outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        elapsed = time.perf_counter() - start
+        decision = self._decide(outcome)
+        if decision.ok and graph is not None:
+            if backend.executes_during_capture:
+                after_stand_in()
+            signature = Signature(leaves, spec, leaf_paths(args, kwargs))
+            self._record = Captured(
+                Recording(graph, static, signature, self._options.clone_outputs),
+                self._model.training,
+                bool(getattr(self._model, "require_forward_param_sync", True)),
+                buffer_sync,
+            )
+            self._policy_captured()
+            self._state = StepState.CAPTURED
+            self._since_decision = 0
+            self.stats.captures += 1
+            self.stats.capture_seconds = elapsed
+            log.info("captured the step in %.3f s on rank %d", elapsed, current_rank())
+            return self._replay(self._record, leaves)
+        if graph is not None:
+            graph.release()
+        if decision.reducer_needs_reset:
+            # Every rank resets together: the reset makes the next backward rebuild
+            # buckets, with a collective.
+            ddp_tools.reset_reducer(self._model)
+        after_failure()
+        self._give_up(self._summarise(decision))
+        self.stats.eager_steps += 1
+        return self._eager(leaves, spec)
+
+    # ----------------------------------------------------------------- shared pieces
+    def _eager(self, leaves: list[Any], spec: Any) -> R:
+        return run_eager_call(self._fn, leaves, spec, self._device, self._stream)
+
+    def _summarise(self, decision: Decision) -> Finding:
+        self._findings = decision.findings
+        return decision.summary()
+
+    def _give_up(self, finding: Finding, *, warn: bool = True) -> None:
+        self._reason = finding
+        if not self._findings:
+            self._findings = [finding]
+        self._state = StepState.EAGER
+        self._drop_record()
+        fall_back(finding, self._options.on_failure, continues=self.continues, warn=warn, stacklevel=5)
+        log.info("not capturing: %s", finding.format())
+
+    def _drop_record(self) -> None:
+        if self._record is not None:
+            self._record.recording.release()
+        self._record = None
+
+    # ----------------------------------------------------------------- policy
+    def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+        raise NotImplementedError
+
+    def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        """What puts the step's state back after a stand-in recording (which ran the
+        step) and after a failed one."""
+        raise NotImplementedError
+
+    def _policy_captured(self) -> None:
+        pass
+
+    def _policy_check(
+        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> Report | None:
+        """What the guards see before a replay that the ranks must agree on."""
+        return None
+
+    def _policy_unserved(
+        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> bool:
+        """Whether this one call runs eagerly instead (a local choice: it pairs)."""
+        return False
+
+    def _policy_after_replay(self, record: Captured) -> None:
+        pass
+
+    def _policy_recapture(self) -> None:
+        pass
+
+    def _policy_close(self) -> None:
+        pass

@@ -1,0 +1,135 @@
+"""The capture settings of a step, in one object, checked in one place.
+
+`capture_step` keeps its keywords for users and turns them into a `CaptureOptions`;
+everything behind it (the captured step, the strategies of `make_step`) passes this
+object. `check` raises the usage error for a wrong value; a step calls it inside its
+constructor's agreement, so that a value wrong on one rank only makes every rank raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import ddp as ddp_tools
+from .backends import GraphBackend
+from .errors import DdpGraphUsageError, usage_error
+from .findings import Code, Finding
+from .replay import OnFailure, check_policies
+
+# Calls between two agreements of a captured step on a DDP model (see `engine`).
+DEFAULT_AGREE_EVERY = 100
+_EXTRA_KEYS = ("generators", "scaler", "agree_every")
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """The `capture_step` arguments besides `fn`, `model` and `optimizer` (see there)."""
+
+    warmup_steps: int | None = None
+    on_failure: OnFailure = "eager"
+    on_input_change: OnFailure = "eager"
+    clone_outputs: bool = False
+    stream: torch.cuda.Stream | None = None
+    pool: Any = None
+    backend: GraphBackend | None = None
+    # Further `capture_step` keyword arguments given by name (`make_step(capture_kwargs=)`).
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    generators: Sequence[torch.Generator] = ()
+    scaler: Any = None
+    agree_every: int = DEFAULT_AGREE_EVERY
+
+    def resolved(self, api: str = "capture_step") -> CaptureOptions:
+        """`extra` moved into the named fields; an unknown key is a usage error."""
+        if not self.extra:
+            return self
+        unknown = sorted(set(self.extra) - set(_EXTRA_KEYS))
+        if unknown:
+            raise usage_error(
+                f"`{api}`", f"unexpected capture argument(s) {', '.join(unknown)}",
+                f"use only {', '.join(_EXTRA_KEYS)} besides the named arguments",
+            )
+        return replace(self, extra={}, **dict(self.extra))
+
+    def kwargs(self, **override: Any) -> dict[str, Any]:
+        """As `capture_step` keyword arguments."""
+        out: dict[str, Any] = {
+            "warmup_steps": self.warmup_steps,
+            "on_failure": self.on_failure,
+            "on_input_change": self.on_input_change,
+            "clone_outputs": self.clone_outputs,
+            "stream": self.stream,
+            "pool": self.pool,
+            "backend": self.backend,
+            "generators": tuple(self.generators),
+            "scaler": self.scaler,
+            "agree_every": self.agree_every,
+            **self.extra,
+        }
+        out.update(override)
+        return out
+
+    def check(self, api: str = "capture_step") -> None:
+        """Raise `DdpGraphUsageError` for the first value that is wrong anywhere."""
+        check_policies(api, self.on_failure, self.on_input_change)
+        w = self.warmup_steps
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise usage_error(
+                f"`{api}(warmup_steps=...)`",
+                f"expected an int >= 1, got {w!r}",
+                "leave it out for the default (11 for a fresh DDP model); the last warm-up "
+                "step checks the step for host synchronisations",
+            )
+        if not isinstance(self.clone_outputs, bool):
+            raise usage_error(f"`{api}(clone_outputs=...)`", f"expected True or False, got {self.clone_outputs!r}", "leave it out for False")
+        if self.stream is not None and not isinstance(self.stream, torch.cuda.Stream):
+            raise usage_error(
+                f"`{api}(stream=...)`",
+                f"expected a torch.cuda.Stream, got {type(self.stream).__name__}",
+                "pass the stream DDP was built on, or leave it out when using `prepare_ddp`",
+            )
+        self._check_backend(api)
+        self._check_scaler(api)
+        every = self.agree_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise usage_error(f"`{api}(agree_every=...)`", f"expected an int >= 1, got {every!r}", f"leave it out for the default ({DEFAULT_AGREE_EVERY})")
+
+    def _check_backend(self, api: str) -> None:
+        b = self.backend
+        if b is None:
+            return
+        if not (callable(getattr(b, "capture", None)) and isinstance(getattr(b, "name", None), str) and hasattr(b, "executes_during_capture")):
+            got = repr(b) if isinstance(b, str) else f"a {type(b).__name__}"
+            raise usage_error(
+                f"`{api}(backend=...)`",
+                f"expected a graph backend object (`capture`, `name`, `executes_during_capture`), got {got}",
+                "leave it out to use CUDA graphs on a GPU, or pass `ddpgraph.PassThroughBackend()` to run on CPU",
+            )
+
+    def _check_scaler(self, api: str) -> None:
+        from .amp import GraphSafeGradScaler
+
+        if self.scaler is not None and not isinstance(self.scaler, GraphSafeGradScaler):
+            raise DdpGraphUsageError(
+                Finding(
+                    Code.GRAD_SCALER_IN_CAPTURE,
+                    f"expected a ddpgraph.GraphSafeGradScaler, got {type(self.scaler).__name__}, which "
+                    "reads its found-inf flag on the host in `step` and `update`",
+                    "use `ddpgraph.GraphSafeGradScaler()`: the same arguments and methods, "
+                    "decided on the device",
+                    subject=f"`{api}(scaler=...)`",
+                )
+            )
+
+    def can_capture(self, device: torch.device) -> bool:
+        """Whether a graph can be recorded for a model on `device` (or a stand-in is given)."""
+        return self.backend is not None or (device.type == "cuda" and torch.cuda.is_available())
+
+    def step_stream(self, model: nn.Module) -> torch.cuda.Stream | None:
+        """The stream eager steps of `model` run on: the given one, or the one
+        `prepare_ddp` built it on; None (the caller's stream) otherwise."""
+        return self.stream or ddp_tools.built_on_stream(model)
