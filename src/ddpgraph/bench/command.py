@@ -31,13 +31,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from .. import arguments
 from ..distributed import init_distributed, launched_by_torchrun, shutdown
 from ..errors import DdpGraphUsageError, usage_error
 from ..launch import run_under_torchrun
 from ..report import console
 from .compare import fill_speedups, summary
 from .measure import Settings
-from .plot import plot_speedups
+from .plot import plot_formats, plot_speedups
 from .registry import registered, select
 from .schema import Report, StrategyResult
 from .stats import default_window
@@ -141,8 +142,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         plan = plan_from_args(args)
     except DdpGraphUsageError as err:
-        print(err.finding.format(), file=sys.stderr)
-        return 2
+        return arguments.report(err)
     if not launched_by_torchrun():
         return run_under_torchrun(["bench", *argv], args.nproc or (2 if args.cpu else None))
     info = init_distributed(force_cpu=args.cpu)
@@ -163,20 +163,19 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
     """Check every argument before any worker starts, and turn them into a plan."""
-    for name, value, least in (
-        ("--steps", args.steps, 1),
-        ("--warmup", args.warmup, MIN_WARMUP),
-        ("--profile-steps", args.profile_steps, 0),
-        ("--loader-workers", args.loader_workers, 0),
-    ):
-        if value < least:
-            hint = (
-                f"captured strategies run {RECIPE_WARMUP_ITERATIONS} eager DDP iterations and "
-                "capture on the next call; timing starts after that"
-                if name == "--warmup"
-                else f"use {name} {least} or more"
-            )
-            raise usage_error(f"`{name}`", f"expected at least {least}, got {value}", hint)
+    arguments.at_least("--steps", args.steps, 1)
+    arguments.at_least(
+        "--warmup",
+        args.warmup,
+        MIN_WARMUP,
+        f"captured strategies run {RECIPE_WARMUP_ITERATIONS} eager DDP iterations and "
+        "capture on the next call; timing starts after that",
+    )
+    arguments.at_least("--profile-steps", args.profile_steps, 0)
+    arguments.at_least("--loader-workers", args.loader_workers, 0)
+    arguments.at_least("--nproc", args.nproc, 1)
+    arguments.output_file("--json", args.json_path, "bench.json")
+    arguments.output_file("--plot", args.plot_path, "bench.png", plot_formats())
     models = resolve_models([m for m in args.model.split(",") if m.strip()])
     if not models:
         raise usage_error(

@@ -27,6 +27,11 @@ def _points(report: Report, model: str, strategy: str, feed: str) -> list[tuple[
     return points
 
 
+def plot_formats() -> tuple[str, ...]:
+    """The file suffixes the plot can be written as (png, svg, pdf, ...)."""
+    return tuple(sorted(FigureCanvasAgg(Figure()).get_supported_filetypes()))
+
+
 def plot_speedups(report: Report, path: str) -> bool:
     """Write the plot to `path` (format from its suffix); False when nothing ran to plot."""
     figure, drew = speedup_figure(report)
