@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Any
 
-from rich.console import Console
+import torch
 from rich.table import Table
 
 from .. import arguments
@@ -44,23 +44,29 @@ from .schema import Report, StrategyResult
 from .stats import default_window
 from .strategies import RECIPE_WARMUP_ITERATIONS
 from .suite import Plan, describe_setup, make_report, run_suite
-from .table import markdown, rich_tables
-from .workloads import parse_batch_sizes, resolve_models
+from .table import markdown
+from .terminal import output_console, terminal_tables
+from .workloads import (
+    CPU_DEFAULT_BATCH_SIZES,
+    CPU_DEFAULTS_NOTE,
+    DEFAULT_BATCH_SIZES,
+    cpu_default_models,
+    parse_batch_sizes,
+    resolve_models,
+)
 
 DEFAULT_MODELS = "gpt,resnet18"
 # Captured strategies run 11 eager DDP iterations and capture on the 12th call; timing
 # must start after that.
 MIN_WARMUP = RECIPE_WARMUP_ITERATIONS + 1
-# Tables are wide; a log file gets them unwrapped.
-LOG_WIDTH = 220
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = Settings()
     parser.add_argument(
         "--model",
-        default=DEFAULT_MODELS,
-        help=f"comma-separated built-in names (gpt, mlp, resnet18) or MODULE:FACTORY (default: {DEFAULT_MODELS})",
+        default=None,
+        help=f"comma-separated built-in names (gpt, mlp, resnet18) or MODULE:FACTORY (default: {DEFAULT_MODELS}; without CUDA, CPU-sized gpt and mlp)",
     )
     parser.add_argument(
         "--batch-sizes",
@@ -148,6 +154,8 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     info = init_distributed(force_cpu=args.cpu)
     try:
         setup = describe_setup(info, plan, argv)
+        if info.is_main and plan.note:
+            output_console().print(plan.note)
 
         def save(results: list[StrategyResult]) -> None:
             if args.json_path:
@@ -176,7 +184,12 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     arguments.at_least("--nproc", args.nproc, 1)
     arguments.output_file("--json", args.json_path, "bench.json")
     arguments.output_file("--plot", args.plot_path, "bench.png", plot_formats())
-    models = resolve_models([m for m in args.model.split(",") if m.strip()])
+    on_cuda = torch.cuda.is_available() and not args.cpu
+    cpu_defaults = args.model is None and not on_cuda
+    if cpu_defaults:
+        models = cpu_default_models()
+    else:
+        models = resolve_models([m for m in (args.model or DEFAULT_MODELS).split(",") if m.strip()])
     if not models:
         raise usage_error(
             "`--model`",
@@ -196,8 +209,14 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         dataloader=args.data_loader,
         loader_workers=args.loader_workers,
     )
+    defaults = CPU_DEFAULT_BATCH_SIZES if cpu_defaults else DEFAULT_BATCH_SIZES
     return Plan(
-        models, parse_batch_sizes(args.batch_sizes, models), select(names), settings, args.amp
+        models,
+        parse_batch_sizes(args.batch_sizes, models, defaults),
+        select(names),
+        settings,
+        args.amp,
+        note=CPU_DEFAULTS_NOTE if cpu_defaults else None,
     )
 
 
@@ -229,11 +248,9 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 
 def publish(report: Report, json_path: str | None, plot_path: str | None) -> None:
     data = payload(report)
-    out = console()
-    # Off a terminal rich assumes 80 columns, which folds every cell of these tables.
-    wide = out if out.is_terminal else Console(highlight=False, markup=False, width=LOG_WIDTH)
-    for table in rich_tables(report, data["summary"]):
-        wide.print(table)
+    out = output_console()
+    for part in terminal_tables(report, data["summary"]):
+        out.print(part)
     for s in registered():
         if not s.available:
             out.print(f"Not run: {s.name} ({s.skip_reason(on_cuda=True)})")
@@ -245,5 +262,7 @@ def publish(report: Report, json_path: str | None, plot_path: str | None) -> Non
             out.print(f"Plot written to {plot_path}")
         else:
             print(
-                "No speedups to plot (eager DDP did not run, or nothing else did).", file=sys.stderr
+                f"{plot_path} has no lines: nothing was captured (an eager row's speedup is "
+                "noise), or eager DDP did not run.",
+                file=sys.stderr,
             )
