@@ -251,9 +251,6 @@ def publish(report: Report, json_path: str | None, plot_path: str | None) -> Non
     out = output_console()
     for part in terminal_tables(report, data["summary"]):
         out.print(part)
-    for s in registered():
-        if not s.available:
-            out.print(f"Not run: {s.name} ({s.skip_reason(on_cuda=True)})")
     if json_path:
         write_json(json_path, data)
         out.print(f"Results written to {json_path}")

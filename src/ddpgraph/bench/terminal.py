@@ -4,7 +4,8 @@ The wide form (every column in one table) is the Markdown of `table.py`, kept in
 JSON. Here each model gets one table per feed, columns that hold nothing on this run
 (GPU busy, capture, memory on CPU) are left out, and a row's note (a finding, a
 failure) is a numbered footnote under the tables rather than a column that would make
-every row several lines tall. At 100 columns every cell fits whole; narrower, rich
+every row several lines tall; strategies that did not run here are named in one line.
+At 100 columns every cell fits whole; narrower, rich
 wraps cells between words.
 """
 
@@ -36,7 +37,7 @@ _ALWAYS = {"model", "batch", "strategy"}
 # Columns of result_row and summary_row shown per feed.
 _RESULT_COLUMNS = {"device": [0, 1, 2, 3, 4, 5, 6], "dataloader": [0, 1, 7, 8, 9]}
 _SUMMARY_COLUMNS = {"device": [0, 1, 2, 3, 4, 5, 6, 7], "dataloader": [0, 1, 2, 8, 9]}
-FEED_TITLES = {"device": "batches already on the device", "dataloader": "fed by a DataLoader"}
+FEED_TITLES = {"device": "device feed", "dataloader": "DataLoader feed"}
 
 
 def output_console() -> Console:
@@ -95,7 +96,10 @@ def terminal_tables(report: Report, summary: list[dict[str, Any]]) -> list[Rende
     noisy = False
     for model in report.models:
         notes = Notes()
-        results = [r for b in report.batch_sizes(model) for r in report.case(model, b).values()]
+        everything = [r for b in report.batch_sizes(model) for r in report.case(model, b).values()]
+        # A strategy skipped here (no CUDA, not built) is one line, not a row per batch size.
+        results = [r for r in everything if r.status != "skipped"]
+        skipped = {r.strategy: r.reason or "" for r in everything if r.status == "skipped"}
         cells = [result_row(r) for r in results]
         for feed in feeds:
             columns = _RESULT_COLUMNS[feed]
@@ -105,14 +109,16 @@ def terminal_tables(report: Report, summary: list[dict[str, Any]]) -> list[Rende
                 for row, c in zip(rows, cells, strict=True):
                     row[1] = f"{row[1]} {notes.mark(c[-1])}".strip()
             noisy = noisy or any(NOISE in cell for row in rows for cell in row)
-            out.append(_table(f"{title(report, model)}: {FEED_TITLES[feed]}", headers, rows))
+            out.append(_table(f"{title(report, model)}, {FEED_TITLES[feed]}", headers, rows))
         if notes.texts:
             out.append(notes.renderable())
+        if skipped:
+            out.append(Text("Not run: " + "; ".join(f"{k} ({v})" for k, v in skipped.items())))
     if summary:
         cells = [summary_row(r) for r in summary]
         for feed in feeds:
             columns = _SUMMARY_COLUMNS[feed]
-            heading = f"capture_step against the alternatives: {FEED_TITLES[feed]}"
+            heading = f"capture_step against the others, {FEED_TITLES[feed]}"
             out.append(
                 _table(heading, [SUMMARY_HEADERS[i] for i in columns], [[c[i] for i in columns] for c in cells])
             )
