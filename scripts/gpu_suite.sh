@@ -8,7 +8,8 @@
 #   tests-training    tests/gpu/test_training_gpu.py     (scaler, accumulation, monitor, ...)
 #   tests-strategies  tests/gpu/test_strategies_gpu.py   (make_step's strategies)
 #   tests-doctor      tests/gpu/test_doctor.py           (ddpgraph doctor on every script)
-#   tests-docs        tests/gpu/test_doc_blocks_gpu.py   (README/docs blocks marked gpu-only)
+#   tests-docs        the Python blocks of README.md and docs/*.md, on the GPUs
+#   tests-docs-commands  the bash blocks marked gpu-only (the published benchmark run)
 #   tests             all of tests/gpu in one pytest run (longer than one call on one GPU)
 #   demo              ddpgraph demo
 #   bench             ddpgraph bench (BENCH_ARGS, default: the published run)
@@ -36,12 +37,13 @@ declare -A TESTS=(
   [tests-training]=tests/gpu/test_training_gpu.py
   [tests-strategies]=tests/gpu/test_strategies_gpu.py
   [tests-doctor]=tests/gpu/test_doctor.py
-  [tests-docs]=tests/gpu/test_doc_blocks_gpu.py
+  [tests-docs]=tests/gpu/test_doc_blocks_gpu.py::test_python_blocks_run_on_the_gpus
+  [tests-docs-commands]=tests/gpu/test_doc_blocks_gpu.py::test_gpu_only_commands_run
   [tests]=tests/gpu
 )
 declare -A LIMIT=(
   [tests-core]=540 [tests-training]=540 [tests-strategies]=540 [tests-doctor]=540
-  [tests-docs]=540 [tests]=1800 [demo]=300 [bench]=540
+  [tests-docs]=540 [tests-docs-commands]=540 [tests]=1800 [demo]=300 [bench]=540
 )
 
 for stage in $STAGES; do
