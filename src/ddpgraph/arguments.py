@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
 from .errors import DdpGraphUsageError, usage_error
 
 USAGE_EXIT = 2
@@ -23,6 +25,19 @@ def at_least(option: str, value: int | None, least: int, fix: str | None = None)
             f"`{option}`",
             f"expected at least {least}, got {value}",
             fix or f"use {option} {least} or more, or leave it out for the default",
+        )
+
+
+def process_count(nproc: int | None, cpu: bool) -> None:
+    """`--nproc`: at least 1, and with CUDA at most one process per GPU (NCCL refuses
+    two processes on one GPU)."""
+    at_least("--nproc", nproc, 1)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and not cpu else 0
+    if nproc is not None and gpus and nproc > gpus:
+        raise usage_error(
+            "`--nproc`",
+            f"expected at most {gpus}, one process per GPU, got {nproc}",
+            f"use --nproc {gpus} or fewer, or add --cpu for CPU processes",
         )
 
 

@@ -1,6 +1,7 @@
 """`ddpgraph demo`: train a small GPT eagerly and captured, side by side, and compare.
 
     ddpgraph demo                              # one process per GPU, or 2 CPU processes
+    ddpgraph demo --nproc 2 --steps 100 --json demo.json
     torchrun --nproc_per_node=2 -m ddpgraph demo
 
 Three runs from the same initial weights and the same batches:
@@ -61,7 +62,7 @@ def check_args(args: argparse.Namespace) -> None:
     """Every argument, before any worker starts (`DdpGraphUsageError` for the first bad one)."""
     arguments.at_least("--steps", args.steps, 2, "use --steps 2 or more: timing needs a window of steps")
     arguments.at_least("--batch", args.batch, 1)
-    arguments.at_least("--nproc", args.nproc, 1)
+    arguments.process_count(args.nproc, args.cpu)
     arguments.output_file("--json", args.json_path, "demo.json")
 
 

@@ -30,6 +30,7 @@ ARGS = [
     "12",
     "--loader-workers",
     "1",
+    "--nproc=2",  # as a user types it: it must not reach torchrun's own parser
 ]
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from torch.distributed.run import get_args_parser
 
 from ddpgraph import cli, demo, launch
@@ -67,6 +68,17 @@ def test_bad_argument_exits_2_before_any_worker(
     first, hint = err.strip().splitlines()
     assert first.startswith("[INVALID_ARGUMENT] ") and expected in first, err
     assert hint.startswith("HINT: ") and len(hint) > len("HINT: ") + 10
+
+
+def test_more_processes_than_gpus_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    status, err = _run(["demo", "--nproc", "2"], capsys)
+    assert status == 2 and "`--nproc`: expected at most 1, one process per GPU, got 2" in err
+    assert "add --cpu for CPU processes" in err
+    assert _run(["demo", "--nproc", "2", "--cpu"], capsys)[0] == 0  # CPU processes: any number
 
 
 @pytest.mark.skipif(os.name == "nt" or os.geteuid() == 0, reason="root writes anywhere")

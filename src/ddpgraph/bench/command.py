@@ -3,11 +3,12 @@
     ddpgraph bench                                  # gpt and resnet18, every strategy
     ddpgraph bench --model gpt,resnet18 --batch-sizes gpt=8,32 resnet18=32,128 \\
         --json bench.json --plot bench.png
-    ddpgraph bench --model my_models:make_workload --strategies eager,capture_step
+    ddpgraph bench --model my_models:make_workload --strategies eager,capture_step --nproc 2
     torchrun --nproc_per_node=2 -m ddpgraph bench --model gpt
 
-As a plain command it starts one worker per GPU (two CPU workers without CUDA) through
-torchrun. For each model and batch size it runs each strategy in a fresh setup from the
+As a plain command it starts one worker per GPU (two CPU workers without CUDA; `--nproc`
+to choose) through torchrun. Without CUDA and without `--model` it benchmarks CPU-sized
+models, and says so. For each model and batch size it runs each strategy in a fresh setup from the
 same initial weights on the same batches: eager DDP, torch.compile (default and
 reduce-overhead), PyTorch's hand-written whole-step graph recipe, capture_step, and
 capture_step around a compiled model (`--list-strategies` shows them). It reports
@@ -181,7 +182,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     )
     arguments.at_least("--profile-steps", args.profile_steps, 0)
     arguments.at_least("--loader-workers", args.loader_workers, 0)
-    arguments.at_least("--nproc", args.nproc, 1)
+    arguments.process_count(args.nproc, args.cpu)
     arguments.output_file("--json", args.json_path, "bench.json")
     arguments.output_file("--plot", args.plot_path, "bench.png", plot_formats())
     on_cuda = torch.cuda.is_available() and not args.cpu
