@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher import torchrun_env
+from launcher import collect, torchrun_env
 
 REPO = Path(__file__).resolve().parent.parent
 CODE_LANGUAGES = {"python": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
@@ -60,7 +60,8 @@ class Block:
 
     @property
     def name(self) -> str:
-        return f"{self.path.relative_to(REPO)}:{self.line}"
+        where = self.path.relative_to(REPO) if self.path.is_relative_to(REPO) else self.path
+        return f"{where}:{self.line}"
 
     @property
     def gpu_only(self) -> bool:
@@ -161,7 +162,8 @@ def _without_comment(line: str) -> str:
 
 
 def launch_python_blocks(path: Path, out: Path, nproc: int, gpu: bool, timeout: float = 600) -> dict[str, list[dict[str, Any]]]:
-    """Launch the file's Python blocks under torchrun; {block name: per-rank results}."""
+    """Launch the file's Python blocks under torchrun; {block name: per-rank results},
+    a result with "error" for a block that failed, or never reported, on that rank."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(REPO / "tests" / "doc_blocks.py"), "--out", str(out), *(["--gpu"] if gpu else []), str(path)]
     env = torchrun_env()
@@ -169,31 +171,21 @@ def launch_python_blocks(path: Path, out: Path, nproc: int, gpu: bool, timeout: 
         env["CUDA_VISIBLE_DEVICES"] = ""
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-        tail = done.stderr[-4000:]
     except subprocess.TimeoutExpired as err:
         raw = err.stderr or ""
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        tail = f"timed out after {timeout} s\n{text[-4000:]}"
-    runnable = [b for b in blocks(path) if b.language == "python" and b.runs]
-    results: dict[str, list[dict[str, Any]]] = {}
-    for index, block in enumerate(runnable):
-        if block.gpu_only and not gpu:
-            continue
-        ranks = []
-        for rank in range(nproc):
-            file = out / f"{index}.rank{rank}.json"
-            if file.exists():
-                ranks.append(json.loads(file.read_text()))
-            else:
-                started = (out / f"{index}.rank{rank}.started").exists()
-                ranks.append({"ok": False, "error": f"{'no result' if started else 'never started'} on rank {rank}:\n{tail}"})
-        results[block.name] = ranks
-    return results
+        done = subprocess.CompletedProcess(cmd, -1, "", f"{text}\n(stopped after {timeout} s)")
+    chosen = {
+        str(index): block.name
+        for index, block in enumerate(b for b in blocks(path) if b.language == "python" and b.runs)
+        if gpu or not block.gpu_only
+    }
+    return {chosen[k]: ranks for k, ranks in collect(out, list(chosen), nproc, done).items()}
 
 
 def failures(results: dict[str, list[dict[str, Any]]]) -> str:
     """The errors of the blocks that failed on some rank, one after the other ("" if none)."""
-    return "\n\n".join(f"{name}:\n{r['error']}" for name, ranks in results.items() for r in ranks if not r["ok"])
+    return "\n\n".join(f"{name}:\n{r['error']}" for name, ranks in results.items() for r in ranks if "error" in r)
 
 
 def run_commands(block: Block, cwd: Path, env: dict[str, str], timeout: float = 900) -> str:
@@ -216,13 +208,10 @@ def run_python_blocks(path: Path, out: Path, gpu: bool) -> None:
         if block.gpu_only and not gpu:
             continue
         result: dict[str, object] = {"block": block.name}
-        (out / f"{index}.rank{info.rank}.started").write_text(block.name)
         namespace: dict[str, object] = {"__name__": "__main__"}
         try:
             exec(compile(python_source(block), block.name, "exec"), namespace)
-            result["ok"] = True
         except BaseException:  # a block's SystemExit is a failure too
-            result["ok"] = False
             result["error"] = traceback.format_exc()
         _close_steps(namespace)
         (out / f"{index}.rank{info.rank}.json").write_text(json.dumps(result))

@@ -49,6 +49,22 @@ def test_python_blocks_run_on_two_cpu_processes(path: Path, tmp_path: Path) -> N
     assert doc_blocks.failures(results) == ""
 
 
+def test_a_failing_block_and_a_gpu_only_block(tmp_path: Path) -> None:
+    """The runner reports a block that raises on one rank only, runs the blocks after it,
+    and leaves gpu-only blocks to the GPU test."""
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "```python\nimport torch.distributed as dist\nassert dist.get_rank() == 0, 'not rank 0'\n```\n\n"
+        "<!-- doc-test: gpu-only -->\n```python\nraise SystemExit(3)\n```\n\n"
+        "<!-- doc-test: setup\nvalue = 41\n-->\n```python\nassert value + 1 == 42\n```\n"
+    )
+    results = doc_blocks.launch_python_blocks(doc, tmp_path / "out", nproc=2, gpu=False)
+    assert list(results) == [f"{doc}:1", f"{doc}:14"]
+    first, last = results[f"{doc}:1"], results[f"{doc}:14"]
+    assert "error" not in first[0] and "AssertionError: not rank 0" in first[1]["error"]
+    assert all("error" not in r for r in last)
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """A copy of the repository and a virtual environment that sees this one's packages
