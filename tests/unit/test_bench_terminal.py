@@ -88,6 +88,8 @@ def test_piped_output_is_100_columns(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_plot_leaves_out_rows_that_captured_nothing() -> None:
     figure, drew = speedup_figure(_cpu_report())
     assert figure is not None and not drew
+    [panel] = [ax for ax in figure.axes if ax.get_visible()]
+    assert [t.get_text() for t in panel.texts] == ["nothing was captured:\nspeedups would be noise"]
     report = _gpu_report()
     figure, _ = speedup_figure(report)
     assert figure is not None

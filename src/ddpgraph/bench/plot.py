@@ -73,7 +73,9 @@ def speedup_figure(report: Report) -> tuple[Figure | None, bool]:
                 xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, style, marker="o", color=colors[strategy])
         if not lines:
-            ax.text(0.5, 0.5, "no results to compare", transform=ax.transAxes, ha="center")
+            ran = any(r.status == "ok" and r.strategy != BASELINE for r in report.results if r.model == model)
+            text = "nothing was captured:\nspeedups would be noise" if ran else "no results to compare"
+            ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center")
         drew = drew or lines > 0
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(b) for b in sizes])
