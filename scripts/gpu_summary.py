@@ -1,21 +1,33 @@
-"""Summarise a GPU run directory (env.txt, junit.xml, demo.json, bench.json) as Markdown.
+"""Summarise one stage of a GPU run (scripts/gpu_suite.sh) as Markdown, finished or not.
 
-    python3 scripts/gpu_summary.py OUT_DIR > summary.md
+    python3 scripts/gpu_summary.py --stage tests-core --debug DEBUG_DIR --out OUT_DIR \
+        --rc 0 --seconds 312 --limit 540 > OUT_DIR/tests-core.md
+
+Reads DEBUG_DIR/env.txt, DEBUG_DIR/<stage>.xml (a test stage's junit report),
+DEBUG_DIR/demo.json and OUT_DIR/bench.json. A stage stopped by its time limit (exit
+status 124 or 137) is said to be so; whatever it left is summarised: the tests that
+finished (pytest writes its report when interrupted), the strategies the benchmark
+finished (it rewrites its JSON after each one). A missing file is said to be missing.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
 
+TIMED_OUT = (124, 137)
+
 
 def tests_section(path: Path) -> list[str]:
     if not path.exists():
-        return ["GPU tests: not run."]
-    root = ET.parse(path).getroot()
+        return ["GPU tests: no junit report (pytest was stopped before it could write one)."]
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as err:
+        return [f"GPU tests: the junit report is unreadable ({err})."]
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     assert suite is not None
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
@@ -36,12 +48,15 @@ def tests_section(path: Path) -> list[str]:
         else:
             result = "pass"
         lines.append(f"| {name} | {result} |")
+    for case in suite.iter("testcase"):
+        for prop in case.iter("property"):
+            lines += ["", f"{case.get('name')}, {prop.get('name')}:", "", prop.get("value", "")]
     return lines
 
 
 def demo_section(path: Path) -> list[str]:
     if not path.exists():
-        return ["Demo: not run."]
+        return ["Demo: no results (it writes them when it finishes)."]
     d = json.loads(path.read_text())
     base = d["runs"][0]["ms_per_step"]
     lines = [
@@ -68,28 +83,51 @@ def demo_section(path: Path) -> list[str]:
 
 def bench_section(path: Path) -> list[str]:
     if not path.exists():
-        return ["Benchmark: not run."]
+        return ["Benchmark: no results (it writes them after its first strategy)."]
     d = json.loads(path.read_text())
     table = d.get("markdown")
     return ["Benchmark:", "", table] if table else ["Benchmark: see bench.json."]
 
 
+def status_line(stage: str, rc: int, seconds: int, limit: int) -> str:
+    if rc in TIMED_OUT:
+        return (
+            f"**{stage}: stopped by its time limit** after {seconds} s (limit {limit} s); "
+            "below is what had finished."
+        )
+    return f"{stage}: finished in {seconds} s (limit {limit} s), exit status {rc}."
+
+
+def stage_sections(stage: str, debug: Path, out: Path) -> list[str]:
+    if stage == "demo":
+        return demo_section(debug / "demo.json")
+    if stage == "bench":
+        return bench_section(out / "bench.json")
+    return tests_section(debug / f"{stage}.xml")
+
+
 def main() -> None:
-    out = Path(sys.argv[1])
-    env = (out / "env.txt").read_text() if (out / "env.txt").exists() else ""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stage", required=True)
+    parser.add_argument("--debug", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rc", type=int, required=True)
+    parser.add_argument("--seconds", type=int, required=True)
+    parser.add_argument("--limit", type=int, required=True)
+    args = parser.parse_args()
+    env_file = args.debug / "env.txt"
+    env = env_file.read_text() if env_file.exists() else "(no env.txt)"
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
-        f"# GPU run, {now}",
+        f"# GPU run, {args.stage}, {now}",
         "",
         "```",
         env.strip(),
         "```",
         "",
-        *tests_section(out / "junit.xml"),
+        status_line(args.stage, args.rc, args.seconds, args.limit),
         "",
-        *demo_section(out / "demo.json"),
-        "",
-        *bench_section(out / "bench.json"),
+        *stage_sections(args.stage, args.debug, args.out),
     ]
     print("\n".join(parts))
 

@@ -16,10 +16,43 @@ SCENARIOS = Path(__file__).parent / "scenarios"
 REPO = Path(__file__).parent.parent
 
 
+TWO_RANKS_REASON = "compares two ranks; this run has one (DDPGRAPH_GPU_WORLD=1)"
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def gpu_world() -> int:
-    """Processes (one per GPU) the GPU tests launch: 2 unless DDPGRAPH_GPU_WORLD says
-    otherwise (1 runs the same scenarios on a one-GPU machine, without the cross-rank part)."""
-    return int(os.environ.get("DDPGRAPH_GPU_WORLD", "2"))
+    """Processes (one per GPU) the GPU tests launch: DDPGRAPH_GPU_WORLD, or else two where
+    two GPUs are present and one on a one-GPU machine (then the checks that compare ranks
+    skip). Without GPUs it is 2, and the GPU tests skip for want of them."""
+    if "DDPGRAPH_GPU_WORLD" in os.environ:
+        return int(os.environ["DDPGRAPH_GPU_WORLD"])
+    found = gpu_count()
+    return min(2, found) if found else 2
+
+
+def gpu_skip_reason(*, two_ranks: bool, world: int, found: int) -> str | None:
+    """Why a GPU test does not run here, or None: too few GPUs for the world size, or a
+    test marked `two_ranks` (it compares ranks) in a one-rank run."""
+    if found < world:
+        return f"needs {world} CUDA GPUs, found {found}"
+    if two_ranks and world < 2:
+        return TWO_RANKS_REASON
+    return None
+
+
+def scenarios_for_world(names: list[str], two_ranks: set[str], world: int | None = None) -> list[str]:
+    """The scenarios a GPU test module launches: at world size 1, not those that only its
+    `two_ranks` tests read (they skip, and the run is shorter without them)."""
+    unknown = two_ranks - set(names)
+    if unknown:
+        raise ValueError(f"not among the scenarios: {sorted(unknown)}")
+    size = gpu_world() if world is None else world
+    return [n for n in names if size >= 2 or n not in two_ranks]
 
 
 def torchrun_env() -> dict[str, str]:

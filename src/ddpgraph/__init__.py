@@ -1,6 +1,6 @@
 """ddpgraph: capture a whole DistributedDataParallel training step as one CUDA graph.
 
-    ddp = ddpgraph.prepare_ddp(model, device_ids=[local_rank])
+    ddp = ddpgraph.prepare_ddp(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4)
     step = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt)
     for x, y in loader:

@@ -44,6 +44,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         child = sub.add_parser(
             name,
             help=help_text,
+            # Full option names only: the commands pass their arguments on to torchrun
+            # workers, and torchrun's parser would read an abbreviation as its own option.
+            allow_abbrev=False,
             description=module.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )

@@ -44,8 +44,10 @@ class ForwardCounter:
 def prepare_ddp(model: nn.Module, **ddp_kwargs: Any) -> DDP:
     """Wrap `model` in `DistributedDataParallel` so that its training step can be captured.
 
-    Takes DDP's own keyword arguments (`device_ids`, `find_unused_parameters`,
-    `gradient_as_bucket_view`, `static_graph`, `bucket_cap_mb`, ...). On CUDA, DDP is
+    Takes DDP's own keyword arguments (`find_unused_parameters`, `gradient_as_bucket_view`,
+    `static_graph`, `bucket_cap_mb`, ...). `device_ids` is inferred when left out: the
+    model's GPU for a model on one GPU (one GPU per process), none on CPU or for a model
+    spread over several GPUs, as DDP wants them. On CUDA, DDP is
     constructed on ddpgraph's capture stream for the model's device, the stream on which
     `capture_step` later warms up and captures; DDP's gradient accumulators then live on
     the capture stream, which is what lets backward be recorded. On CPU this is plain DDP.
@@ -57,7 +59,7 @@ def prepare_ddp(model: nn.Module, **ddp_kwargs: Any) -> DDP:
         raise usage_error(
             "`prepare_ddp(model)`",
             "expected the bare module, got a model that is already DistributedDataParallel",
-            "pass the module itself: `ddpgraph.prepare_ddp(module, device_ids=[local_rank])`",
+            "pass the module itself: `ddpgraph.prepare_ddp(module)`",
         )
     if not isinstance(model, nn.Module):
         raise usage_error(
@@ -73,6 +75,8 @@ def prepare_ddp(model: nn.Module, **ddp_kwargs: Any) -> DDP:
             "first, and launch with `torchrun`",
         )
     device = model_device(model)
+    devices = {t.device for t in (*model.parameters(), *model.buffers())}
+    ddp_kwargs = {**ddp_kwargs, "device_ids": infer_device_ids(devices, ddp_kwargs.get("device_ids"))}
     if device.type == "cuda":
         stream = capture_stream(device)
         caller = torch.cuda.current_stream(device)
@@ -87,6 +91,25 @@ def prepare_ddp(model: nn.Module, **ddp_kwargs: Any) -> DDP:
     ddp.register_forward_pre_hook(counter)
     setattr(ddp, _COUNTER_ATTR, counter)
     return ddp
+
+
+def infer_device_ids(devices: set[torch.device], given: Any) -> list[int] | None:
+    """DDP's `device_ids` for a model whose tensors are on `devices`: `given` when it is
+    usable, inferred when left out (DDP wants the GPU of a one-GPU model, and None for a
+    CPU model or one spread over several GPUs)."""
+    single_gpu = len(devices) == 1 and next(iter(devices)).type == "cuda"
+    if given is None or (isinstance(given, (list, tuple)) and not given):
+        return [next(iter(devices)).index or 0] if single_gpu else None
+    ids = list(given) if isinstance(given, (list, tuple)) else None
+    if ids is not None and single_gpu and all(isinstance(i, (int, torch.device)) for i in ids):
+        return ids  # type: ignore[return-value]
+    where = ", ".join(sorted(str(d) for d in devices)) or "no parameters"
+    raise usage_error(
+        "`prepare_ddp(device_ids=...)`",
+        f"expected the model's GPU as a one-element list, got {given!r} for a model on {where}",
+        "leave `device_ids` out: prepare_ddp infers it from the model's device (the GPU of a "
+        "model on one GPU, none on CPU)",
+    )
 
 
 def model_device(model: nn.Module) -> torch.device:

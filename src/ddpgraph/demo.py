@@ -1,6 +1,7 @@
 """`ddpgraph demo`: train a small GPT eagerly and captured, side by side, and compare.
 
     ddpgraph demo                              # one process per GPU, or 2 CPU processes
+    ddpgraph demo --nproc 2 --steps 100 --json demo.json
     torchrun --nproc_per_node=2 -m ddpgraph demo
 
 Three runs from the same initial weights and the same batches:
@@ -23,17 +24,19 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from . import arguments
 from .capture import capture_step
-from .ddp import prepare_ddp
+from .ddp import infer_device_ids, prepare_ddp
 from .distributed import DistInfo, init_distributed, launched_by_torchrun, shutdown
+from .errors import DdpGraphUsageError
 from .launch import run_under_torchrun
-from .models import GPTConfig, Workload, cosine_with_warmup, gpt_workload
+from .models import CPU_GPT_CONFIG, GPTConfig, Workload, cosine_with_warmup, gpt_workload
 from .optim import graph_safe_optimizer
 from .report import console, progress_bar, rank0_print
 from .training import StepOptions, Timing, make_train_step, synchronize
 
 GPU_CONFIG = GPTConfig()  # 6 layers, d=384, 6 heads, T=128, vocab 1000
-CPU_CONFIG = GPTConfig(vocab=256, block=32, layers=2, dim=64, heads=4)
+CPU_CONFIG = CPU_GPT_CONFIG
 
 
 @dataclass
@@ -55,7 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", action="store_true", help="run on CPU processes even if CUDA is available")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument, before any worker starts (`DdpGraphUsageError` for the first bad one)."""
+    arguments.at_least("--steps", args.steps, 2, "use --steps 2 or more: timing needs a window of steps")
+    arguments.at_least("--batch", args.batch, 1)
+    arguments.process_count(args.nproc, args.cpu)
+    arguments.output_file("--json", args.json_path, "demo.json")
+
+
 def main(args: argparse.Namespace, argv: list[str]) -> int:
+    try:
+        check_args(args)
+    except DdpGraphUsageError as err:
+        return arguments.report(err)
     if not launched_by_torchrun():
         return run_under_torchrun(["demo", *argv], args.nproc or (2 if args.cpu else None))
     info = init_distributed(force_cpu=args.cpu)
@@ -73,7 +88,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
 def run(info: DistInfo, args: argparse.Namespace) -> tuple[list[RunResult], str]:
     cuda = info.device.type == "cuda"
     cfg = GPU_CONFIG if cuda else CPU_CONFIG
-    steps = args.steps or (300 if cuda else 40)
+    steps = args.steps if args.steps is not None else (300 if cuda else 40)
     workload = gpt_workload(cfg)
     options = StepOptions(amp_dtype=torch.bfloat16 if cuda else None, clip_norm=1.0)
     gen = torch.Generator().manual_seed(1234 + info.rank)
@@ -139,8 +154,7 @@ def _loop(
 def _training(info: DistInfo, workload: Workload, steps: int, *, prepared: bool):  # type: ignore[no-untyped-def]
     """The model, optimizer and schedule every run starts from."""
     model = _model(info, workload)
-    ids = [info.device.index] if info.device.type == "cuda" else None
-    ddp = prepare_ddp(model, device_ids=ids) if prepared else DDP(model, device_ids=ids)
+    ddp = prepare_ddp(model) if prepared else DDP(model, device_ids=infer_device_ids({info.device}, None))
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(steps))
     return ddp, opt, sched

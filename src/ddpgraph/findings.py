@@ -211,6 +211,24 @@ CATALOG: dict[Code, CodeInfo] = {
 }
 
 
+# The fix for an INPUT_SIGNATURE_CHANGED whose cause is a non-tensor argument: the
+# catalog's fix (batch shapes, `drop_last`) is about tensors and would mislead.
+CONSTANT_INPUT_FIX = (
+    "Non-tensor arguments (numbers, strings, flags) are fixed at capture. Pass a value that "
+    "changes between steps as a tensor (`torch.tensor(value, device=...)`), or keep it the "
+    "same in every call; calls with another value run eagerly."
+)
+
+
+def input_change_fix(change: str) -> str:
+    """The fix for an INPUT_SIGNATURE_CHANGED finding, from the description of the change
+    (`inputs.Signature.describe_change`, which names a non-tensor leaf `argument ...` and a
+    tensor `input ...`)."""
+    if change.startswith("argument `"):
+        return CONSTANT_INPUT_FIX
+    return CATALOG[Code.INPUT_SIGNATURE_CHANGED].fix
+
+
 @dataclass(frozen=True)
 class Location:
     """A place in the user's code."""

@@ -17,7 +17,20 @@ import torch
 
 from .distributed import launched_by_torchrun
 
-__all__ = ["default_nproc", "launched_by_torchrun", "run_under_torchrun", "torchrun_command"]
+__all__ = [
+    "LAUNCHER_OPTIONS",
+    "default_nproc",
+    "launched_by_torchrun",
+    "run_under_torchrun",
+    "torchrun_command",
+    "worker_args",
+]
+
+# Options of a command that only the launching process reads. They are not passed on:
+# the workers do not need them, and torchrun's own parser, which sees the workers'
+# arguments first, takes `--nproc` for an ambiguous abbreviation of its
+# `--nproc-per-node` / `--nproc_per_node` and stops with its usage screen.
+LAUNCHER_OPTIONS = ("--nproc",)
 
 
 def default_nproc() -> int:
@@ -39,12 +52,33 @@ def torchrun_command(module_args: Sequence[str], nproc: int, module: str = "ddpg
     ]
 
 
+def worker_args(argv: Sequence[str]) -> list[str]:
+    """`argv` without the launcher's own options (`--nproc 2` and `--nproc=2`).
+
+    Command parsers are built with `allow_abbrev=False`, so an option reaches here with
+    its full name.
+    """
+    kept: list[str] = []
+    value_follows = False
+    for arg in argv:
+        if value_follows:
+            value_follows = False
+        elif arg in LAUNCHER_OPTIONS:
+            value_follows = True
+        elif arg.split("=", 1)[0] not in LAUNCHER_OPTIONS:
+            kept.append(arg)
+    return kept
+
+
 def run_under_torchrun(module_args: Sequence[str], nproc: int | None = None) -> int:
-    """Run `python -m ddpgraph <module_args>` in `nproc` torchrun workers; return the exit code."""
+    """Run `python -m ddpgraph <module_args>` in `nproc` torchrun workers; return the exit code.
+
+    The launcher's own options (`LAUNCHER_OPTIONS`) are left out of the workers' arguments.
+    """
     n = nproc or default_nproc()
     env = dict(os.environ)
     # Two CPU workers on a small machine fight over cores with PyTorch's default threads.
     if not torch.cuda.is_available():
         env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.call(torchrun_command(module_args, n), env=env)
+    return subprocess.call(torchrun_command(worker_args(module_args), n), env=env)

@@ -143,6 +143,11 @@ class Workload:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+# The GPT that the CPU runs of `ddpgraph demo` and `ddpgraph bench` train: GPTConfig()'s
+# sizes take minutes per run on CPU processes.
+CPU_GPT_CONFIG = GPTConfig(vocab=256, block=32, layers=2, dim=64, heads=4)
+
+
 def gpt_workload(cfg: GPTConfig | None = None) -> Workload:
     c = cfg or GPTConfig()
 

@@ -7,7 +7,7 @@ backward graph (`torch.cuda.make_graphed_callables`). The step itself stays eage
 gradient hooks, its all-reduces and the optimizer step run as usual, between graphs.
 
     model = ddpgraph.graph_submodules(model, (sample_x,), amp_dtype=torch.bfloat16)
-    ddp = ddpgraph.prepare_ddp(model, device_ids=[local_rank])
+    ddp = ddpgraph.prepare_ddp(model)
 
 `graph_submodules` runs one forward of the model on the sample arguments to learn what
 each submodule receives, then graphs either the submodules you name or the largest ones

@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_map
 from .backends import CapturedGraph
 from .distributed import current_rank
 from .errors import DdpGraphError, DdpGraphWarning, usage_error
-from .findings import Code, Finding
+from .findings import Code, Finding, input_change_fix
 from .inputs import Signature, StaticInputs, stage_leaves, unflatten_call
 from .streams import hand_over, on_stream
 
@@ -90,9 +90,11 @@ class Recording(Generic[R]):
         return outputs  # type: ignore[no-any-return]
 
     def changed_input(self, args: tuple[Any, ...], kwargs: dict[str, Any], subject: str, rank: int) -> Finding:
+        change = self.signature.describe_change(args, kwargs)
         return Finding(
             Code.INPUT_SIGNATURE_CHANGED,
-            self.signature.describe_change(args, kwargs) + "; the graph cannot replay it",
+            change + "; the graph cannot replay it",
+            input_change_fix(change),
             subject=subject,
             ranks=(rank,),
         )

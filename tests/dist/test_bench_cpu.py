@@ -30,6 +30,7 @@ ARGS = [
     "12",
     "--loader-workers",
     "1",
+    "--nproc=2",  # as a user types it: it must not reach torchrun's own parser
 ]
 
 
@@ -117,7 +118,7 @@ def test_failures_are_recorded_and_the_run_goes_on(run: Any) -> None:
 def test_table_and_plot(run: Any) -> None:
     proc, data, out = run
     assert "tiny: 2 × " in proc.stdout
-    assert "capture_step against the alternatives" in proc.stdout
+    assert "capture_step against the others" in proc.stdout
     assert "Results written to bench.json" in proc.stdout
     assert "tiny batch 8 capture_step:" in proc.stderr  # a progress line per result
     assert "| 4 | eager |" in data["markdown"]

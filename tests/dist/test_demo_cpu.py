@@ -1,5 +1,6 @@
-"""`ddpgraph demo` end to end on CPU: the plain command starts two gloo workers through
-torchrun itself, trains three runs, and prints the table and why nothing was captured."""
+"""`ddpgraph demo --nproc 2` end to end on CPU: the plain command starts two gloo workers
+through torchrun itself, trains three runs, and prints the table and why nothing was
+captured."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Completed
     env.setdefault("OMP_NUM_THREADS", "1")
     env["COLUMNS"] = "160"  # one table row per line
     proc = subprocess.run(
-        [*command, "demo", "--steps", "12", "--json", str(json_path)],
+        # --nproc as a user types it: it must not reach torchrun's own parser.
+        [*command, "demo", "--nproc", "2", "--steps", "12", "--json", str(json_path)],
         capture_output=True,
         text=True,
         env=env,

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from launcher import gpu_world, ok, run_scenarios
+from launcher import gpu_world, ok, run_scenarios, scenarios_for_world
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
-NAMES = [
+ALL_NAMES = [
     "gpt_equivalence",
     "optimizers",
     "item_in_step",
@@ -33,6 +33,9 @@ NAMES = [
     "stream_usage",
     "fail_one_rank_in_forward",
 ]
+# Read only by the tests marked two_ranks: one rank failing alone, one rank's odd batch.
+TWO_RANKS = {"fail_one_rank_after_backward", "fail_one_rank_in_forward", "input_change"}
+NAMES = scenarios_for_world(ALL_NAMES, TWO_RANKS)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +77,7 @@ def test_every_graph_safe_optimizer(results: dict[str, list[dict[str, Any]]]) ->
 def test_item_in_step_is_named_with_its_line(results: dict[str, list[dict[str, Any]]]) -> None:
     for r in ok(results["item_in_step"]):
         assert r["state"] == "eager" and r["code"] == "HOST_SYNC_IN_CAPTURE"
-        assert r["ranks"] == [0, 1]
+        assert r["ranks"] == list(range(r["world_size"]))
         assert r["line"] == r["expected_line"] and r["file"] == r["expected_file"]
         assert "loss.item()" in r["reason"]
         # Found during warm-up: nothing was captured, training is the eager one.
@@ -108,6 +111,7 @@ def test_scheduler_inside_the_step_is_refused(results: dict[str, list[dict[str, 
         assert r["state"] == "eager" and r["code"] == "LR_BAKED_INTO_GRAPH"
 
 
+@pytest.mark.two_ranks
 def test_capture_failing_on_one_rank_falls_back_everywhere(results: dict[str, list[dict[str, Any]]]) -> None:
     for name in ("fail_one_rank_after_backward", "fail_one_rank_in_forward"):
         for r in ok(results[name]):
@@ -116,6 +120,7 @@ def test_capture_failing_on_one_rank_falls_back_everywhere(results: dict[str, li
             assert r["param_rel_diff"] == 0 and r["loss_rel_diff"] == 0, (name, r)
 
 
+@pytest.mark.two_ranks
 def test_changed_inputs_run_eagerly_without_hanging(results: dict[str, list[dict[str, Any]]]) -> None:
     rank0, rank1 = ok(results["input_change"])
     assert rank0["stats"]["input_changes"] == 1 and rank1["stats"]["input_changes"] == 2

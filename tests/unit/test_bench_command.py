@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+import torch
 
 from ddpgraph import cli
 from ddpgraph.bench import command, registered
@@ -14,8 +15,10 @@ def parse(*argv: str) -> argparse.Namespace:
     return cli.build_parser("bench").parse_args(["bench", *argv])
 
 
-def test_defaults_make_the_published_plan() -> None:
+def test_defaults_make_the_published_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     plan = command.plan_from_args(parse())
+    assert plan.note is None
     assert [m.name for m in plan.models] == ["gpt", "resnet18"]
     assert plan.batch_sizes == {"gpt": [8, 32], "resnet18": [32, 128]}
     assert plan.strategies == [s for s in registered() if s.available]
@@ -23,6 +26,19 @@ def test_defaults_make_the_published_plan() -> None:
     assert (s.steps, s.warmup, s.window, s.timed_steps) == (60, 20, 5, 60)
     assert s.dataloader and s.profile_steps == 5
     assert plan.amp == "bf16"
+
+
+def test_without_cuda_the_defaults_are_cpu_sized_and_say_so() -> None:
+    plan = command.plan_from_args(parse())  # this machine has no GPU, or --cpu below
+    if torch.cuda.is_available():
+        plan = command.plan_from_args(parse("--cpu"))
+    assert plan.batch_sizes == {"gpt": [4, 16], "mlp": [16, 64]}
+    gpt = plan.models[0].workload.build()
+    assert sum(p.numel() for p in gpt.parameters()) < 200_000  # the GPU default: ~11M
+    assert plan.note is not None and plan.note.startswith("No CUDA here: CPU-sized default models")
+    # A model named on the command line is taken as it is.
+    chosen = command.plan_from_args(parse("--cpu", "--model", "resnet18"))
+    assert chosen.batch_sizes == {"resnet18": [32, 128]} and chosen.note is None
 
 
 def test_arguments_reach_the_plan() -> None:

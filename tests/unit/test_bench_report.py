@@ -14,7 +14,8 @@ from ddpgraph.bench.command import payload
 from ddpgraph.bench.compare import fill_speedups, summary
 from ddpgraph.bench.plot import plot_speedups, speedup_figure
 from ddpgraph.bench.schema import SCHEMA_VERSION, FeedResult, Report, StrategyResult, validate
-from ddpgraph.bench.table import markdown, result_row, rich_tables, summary_row
+from ddpgraph.bench.table import markdown, result_row, summary_row
+from ddpgraph.bench.terminal import terminal_tables
 
 SETUP: dict[str, Any] = {
     "world_size": 2,
@@ -174,13 +175,13 @@ def test_rich_tables_show_every_strategy_and_the_summary() -> None:
     report = sample_report()
     fill_speedups(report)
     console = Console(record=True, width=250, markup=False)
-    for table in rich_tables(report, summary(report)):
+    for table in terminal_tables(report, summary(report)):
         console.print(table)
     text = console.export_text()
     assert "gpt: 2 × NVIDIA H200, torch 2.11.0, bf16 autocast" in text
     for name in ("eager", "reduce-overhead", "recipe", "capture_step+compile", "partial"):
         assert name in text
-    assert "capture_step against the alternatives" in text
+    assert "capture_step against the others" in text
     assert "+2.2%" in text  # capture_step vs recipe at batch 8
     assert "RuntimeError: boom" in text
 

@@ -3,11 +3,12 @@
     ddpgraph bench                                  # gpt and resnet18, every strategy
     ddpgraph bench --model gpt,resnet18 --batch-sizes gpt=8,32 resnet18=32,128 \\
         --json bench.json --plot bench.png
-    ddpgraph bench --model my_models:make_workload --strategies eager,capture_step
+    ddpgraph bench --model my_models:make_workload --strategies eager,capture_step --nproc 2
     torchrun --nproc_per_node=2 -m ddpgraph bench --model gpt
 
-As a plain command it starts one worker per GPU (two CPU workers without CUDA) through
-torchrun. For each model and batch size it runs each strategy in a fresh setup from the
+As a plain command it starts one worker per GPU (two CPU workers without CUDA; `--nproc`
+to choose) through torchrun. Without CUDA and without `--model` it benchmarks CPU-sized
+models, and says so. For each model and batch size it runs each strategy in a fresh setup from the
 same initial weights on the same batches: eager DDP, torch.compile (default and
 reduce-overhead), PyTorch's hand-written whole-step graph recipe, capture_step, and
 capture_step around a compiled model (`--list-strategies` shows them). It reports
@@ -28,38 +29,45 @@ import os
 import sys
 from typing import Any
 
-from rich.console import Console
+import torch
 from rich.table import Table
 
+from .. import arguments
 from ..distributed import init_distributed, launched_by_torchrun, shutdown
 from ..errors import DdpGraphUsageError, usage_error
 from ..launch import run_under_torchrun
 from ..report import console
 from .compare import fill_speedups, summary
 from .measure import Settings
-from .plot import plot_speedups
+from .plot import plot_formats, plot_speedups
 from .registry import registered, select
 from .schema import Report, StrategyResult
 from .stats import default_window
 from .strategies import RECIPE_WARMUP_ITERATIONS
 from .suite import Plan, describe_setup, make_report, run_suite
-from .table import markdown, rich_tables
-from .workloads import parse_batch_sizes, resolve_models
+from .table import markdown
+from .terminal import output_console, terminal_tables
+from .workloads import (
+    CPU_DEFAULT_BATCH_SIZES,
+    CPU_DEFAULTS_NOTE,
+    DEFAULT_BATCH_SIZES,
+    cpu_default_models,
+    parse_batch_sizes,
+    resolve_models,
+)
 
 DEFAULT_MODELS = "gpt,resnet18"
 # Captured strategies run 11 eager DDP iterations and capture on the 12th call; timing
 # must start after that.
 MIN_WARMUP = RECIPE_WARMUP_ITERATIONS + 1
-# Tables are wide; a log file gets them unwrapped.
-LOG_WIDTH = 220
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = Settings()
     parser.add_argument(
         "--model",
-        default=DEFAULT_MODELS,
-        help=f"comma-separated built-in names (gpt, mlp, resnet18) or MODULE:FACTORY (default: {DEFAULT_MODELS})",
+        default=None,
+        help=f"comma-separated built-in names (gpt, mlp, resnet18) or MODULE:FACTORY (default: {DEFAULT_MODELS}; without CUDA, CPU-sized gpt and mlp)",
     )
     parser.add_argument(
         "--batch-sizes",
@@ -141,13 +149,14 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         plan = plan_from_args(args)
     except DdpGraphUsageError as err:
-        print(err.finding.format(), file=sys.stderr)
-        return 2
+        return arguments.report(err)
     if not launched_by_torchrun():
         return run_under_torchrun(["bench", *argv], args.nproc or (2 if args.cpu else None))
     info = init_distributed(force_cpu=args.cpu)
     try:
         setup = describe_setup(info, plan, argv)
+        if info.is_main and plan.note:
+            output_console().print(plan.note)
 
         def save(results: list[StrategyResult]) -> None:
             if args.json_path:
@@ -163,21 +172,25 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
     """Check every argument before any worker starts, and turn them into a plan."""
-    for name, value, least in (
-        ("--steps", args.steps, 1),
-        ("--warmup", args.warmup, MIN_WARMUP),
-        ("--profile-steps", args.profile_steps, 0),
-        ("--loader-workers", args.loader_workers, 0),
-    ):
-        if value < least:
-            hint = (
-                f"captured strategies run {RECIPE_WARMUP_ITERATIONS} eager DDP iterations and "
-                "capture on the next call; timing starts after that"
-                if name == "--warmup"
-                else f"use {name} {least} or more"
-            )
-            raise usage_error(f"`{name}`", f"expected at least {least}, got {value}", hint)
-    models = resolve_models([m for m in args.model.split(",") if m.strip()])
+    arguments.at_least("--steps", args.steps, 1)
+    arguments.at_least(
+        "--warmup",
+        args.warmup,
+        MIN_WARMUP,
+        f"captured strategies run {RECIPE_WARMUP_ITERATIONS} eager DDP iterations and "
+        "capture on the next call; timing starts after that",
+    )
+    arguments.at_least("--profile-steps", args.profile_steps, 0)
+    arguments.at_least("--loader-workers", args.loader_workers, 0)
+    arguments.process_count(args.nproc, args.cpu)
+    arguments.output_file("--json", args.json_path, "bench.json")
+    arguments.output_file("--plot", args.plot_path, "bench.png", plot_formats())
+    on_cuda = torch.cuda.is_available() and not args.cpu
+    cpu_defaults = args.model is None and not on_cuda
+    if cpu_defaults:
+        models = cpu_default_models()
+    else:
+        models = resolve_models([m for m in (args.model or DEFAULT_MODELS).split(",") if m.strip()])
     if not models:
         raise usage_error(
             "`--model`",
@@ -197,8 +210,14 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         dataloader=args.data_loader,
         loader_workers=args.loader_workers,
     )
+    defaults = CPU_DEFAULT_BATCH_SIZES if cpu_defaults else DEFAULT_BATCH_SIZES
     return Plan(
-        models, parse_batch_sizes(args.batch_sizes, models), select(names), settings, args.amp
+        models,
+        parse_batch_sizes(args.batch_sizes, models, defaults),
+        select(names),
+        settings,
+        args.amp,
+        note=CPU_DEFAULTS_NOTE if cpu_defaults else None,
     )
 
 
@@ -230,14 +249,9 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 
 def publish(report: Report, json_path: str | None, plot_path: str | None) -> None:
     data = payload(report)
-    out = console()
-    # Off a terminal rich assumes 80 columns, which folds every cell of these tables.
-    wide = out if out.is_terminal else Console(highlight=False, markup=False, width=LOG_WIDTH)
-    for table in rich_tables(report, data["summary"]):
-        wide.print(table)
-    for s in registered():
-        if not s.available:
-            out.print(f"Not run: {s.name} ({s.skip_reason(on_cuda=True)})")
+    out = output_console()
+    for part in terminal_tables(report, data["summary"]):
+        out.print(part)
     if json_path:
         write_json(json_path, data)
         out.print(f"Results written to {json_path}")
@@ -246,5 +260,7 @@ def publish(report: Report, json_path: str | None, plot_path: str | None) -> Non
             out.print(f"Plot written to {plot_path}")
         else:
             print(
-                "No speedups to plot (eager DDP did not run, or nothing else did).", file=sys.stderr
+                f"{plot_path} has no lines: nothing was captured (an eager row's speedup is "
+                "noise), or eager DDP did not run.",
+                file=sys.stderr,
             )

@@ -1,7 +1,8 @@
 """Speedup over eager DDP against batch size: one panel per model, one line per strategy.
 
 Solid lines are the device feed, dashed lines the same strategy fed by the DataLoader;
-the grey line at 1 is eager DDP itself. One legend for the whole figure, below the panels:
+the grey line at 1 is eager DDP itself. A capturing strategy that ran eagerly (nothing
+was captured, as on CPU) is left out: its "speedup" is run-to-run noise. One legend for the whole figure, below the panels:
 with seven strategies and two feeds, a legend inside each panel covers the lines.
 Drawn with matplotlib's Agg canvas directly, so no display and no global backend
 switch is needed.
@@ -21,10 +22,17 @@ def _points(report: Report, model: str, strategy: str, feed: str) -> list[tuple[
     points = []
     for batch_size in report.batch_sizes(model):
         result = report.case(model, batch_size).get(strategy)
-        values = result.feeds.get(feed) if result is not None and result.status == "ok" else None
+        # A capturing strategy that ran eagerly has no speedup to show, only noise.
+        shown = result is not None and result.status == "ok" and result.captured is not False
+        values = result.feeds.get(feed) if shown and result is not None else None
         if values is not None and values.speedup is not None:
             points.append((batch_size, values.speedup))
     return points
+
+
+def plot_formats() -> tuple[str, ...]:
+    """The file suffixes the plot can be written as (png, svg, pdf, ...)."""
+    return tuple(sorted(FigureCanvasAgg(Figure()).get_supported_filetypes()))
 
 
 def plot_speedups(report: Report, path: str) -> bool:
@@ -65,7 +73,9 @@ def speedup_figure(report: Report) -> tuple[Figure | None, bool]:
                 xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, style, marker="o", color=colors[strategy])
         if not lines:
-            ax.text(0.5, 0.5, "no results to compare", transform=ax.transAxes, ha="center")
+            ran = any(r.status == "ok" and r.strategy != BASELINE for r in report.results if r.model == model)
+            text = "nothing was captured:\nspeedups would be noise" if ran else "no results to compare"
+            ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center")
         drew = drew or lines > 0
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(b) for b in sizes])
@@ -81,7 +91,9 @@ def speedup_figure(report: Report) -> tuple[Figure | None, bool]:
         Line2D([], [], color="black", linestyle="-", label="batches already on the GPU"),
         Line2D([], [], color="black", linestyle="--", label="fed by a DataLoader"),
     ]
-    legend_columns = min(5, len(handles))
+    # As many entries per legend row as the figure is wide (about 2.4 inches each at
+    # this font size), so the legend never runs past the figure's edges.
+    legend_columns = max(1, min(len(handles), int(figure.get_figwidth() / 2.4)))
     try:  # "outside" places (constrained layout makes room) need matplotlib 3.7
         figure.legend(handles=handles, loc="outside lower center", ncol=legend_columns, fontsize="small")
     except ValueError:

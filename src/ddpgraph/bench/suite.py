@@ -37,6 +37,7 @@ class Plan:
     strategies: list[Strategy]
     settings: Settings
     amp: str = "bf16"  # "bf16": bf16 autocast on GPU; "off": fp32
+    note: str | None = None  # said before the run: why these models (CPU-sized defaults)
 
     def amp_dtype(self, device: torch.device) -> torch.dtype | None:
         return torch.bfloat16 if self.amp == "bf16" and device.type == "cuda" else None
@@ -123,6 +124,7 @@ def describe_setup(info: DistInfo, plan: Plan, argv: list[str]) -> dict[str, Any
             "models": [m.spec for m in plan.models],
             "batch_sizes": plan.batch_sizes,
             "strategies": [s.name for s in plan.strategies],
+            "note": plan.note,
         },
     }
 

@@ -1,13 +1,13 @@
-"""The results as tables: rich for the terminal, Markdown for the JSON and the docs.
+"""The results as table cells, and the wide Markdown tables of the JSON and the docs.
 
-Both render the same cells, built once per row here.
+The terminal's narrower tables (`terminal.py`) show the same cells, built once per row
+here. A speedup of a row that ran eagerly (a capturing strategy that captured nothing,
+as everywhere on CPU) is marked `noise`: eager against eager is run-to-run variation.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from rich.table import Table
 
 from .schema import Report, StrategyResult
 
@@ -49,8 +49,21 @@ def _ms(result: StrategyResult, feed: str) -> str:
     return f"{values.ms_per_step:.2f} ± {values.spread_ms / 2:.2f}"
 
 
+NOISE = "noise"
+NOISE_NOTE = (
+    f"{NOISE}: the row ran eagerly (nothing was captured), so its speedup over eager DDP is "
+    "run-to-run noise, not a gain."
+)
+
+
 def times(value: float | None) -> str:
     return DASH if value is None else f"{value:.2f}×"
+
+
+def speedup(value: float | None, captured: bool | None) -> str:
+    """A speedup cell; `captured` False (a capturing strategy that ran eagerly) marks it noise."""
+    text = times(value)
+    return f"{text} {NOISE}" if value is not None and captured is False else text
 
 
 def percent(fraction: float | None) -> str:
@@ -73,7 +86,7 @@ def _feed_cells(result: StrategyResult, feed: str) -> list[str]:
     values = result.feeds.get(feed)
     return [
         _ms(result, feed),
-        times(values.speedup if values else None),
+        speedup(values.speedup if values else None, result.captured),
         percent(values.gpu_busy if values else None),
     ]
 
@@ -92,16 +105,17 @@ def result_row(result: StrategyResult) -> list[str]:
 
 
 def summary_row(row: dict[str, Any]) -> list[str]:
+    captured = row["captured"]
     return [
         str(row["model"]),
         str(row["batch_size"]),
-        {True: "yes", False: "no"}.get(row["captured"], DASH),
-        times(row["speedup_vs_eager"]),
-        times(row["speedup_vs_reduce_overhead"]),
+        {True: "yes", False: "no"}.get(captured, DASH),
+        speedup(row["speedup_vs_eager"], captured),
+        speedup(row["speedup_vs_reduce_overhead"], captured),
         signed_percent(row["overhead_vs_recipe_percent"]),
         times(row["compile_speedup"]),
         percent(row["gpu_busy"]),
-        times(row["dataloader_speedup_vs_eager"]),
+        speedup(row["dataloader_speedup_vs_eager"], captured),
         percent(row["dataloader_gpu_busy"]),
     ]
 
@@ -113,35 +127,6 @@ def title(report: Report, model: str) -> str:
         f"{model}: {s['world_size']} × {s['device']}, torch {s['torch']}, "
         f"{'bf16 autocast' if amp == 'bf16' else 'fp32'}"
     )
-
-
-def rich_tables(report: Report, summary: list[dict[str, Any]]) -> list[Table]:
-    tables = []
-    for model in report.models:
-        table = Table(title=title(report, model), title_justify="left")
-        for header in RESULT_HEADERS:
-            table.add_column(
-                header, justify="left" if header in _LEFT else "right", overflow="fold"
-            )
-        previous = None
-        for batch_size in report.batch_sizes(model):
-            if previous is not None:
-                table.add_section()
-            previous = batch_size
-            for result in report.case(model, batch_size).values():
-                table.add_row(*result_row(result))
-        tables.append(table)
-    if summary:
-        table = Table(
-            title="capture_step against the alternatives (device feed unless marked)",
-            title_justify="left",
-        )
-        for header in SUMMARY_HEADERS:
-            table.add_column(header, justify="left" if header in _LEFT else "right")
-        for row in summary:
-            table.add_row(*summary_row(row))
-        tables.append(table)
-    return tables
 
 
 def _markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -166,6 +151,8 @@ def markdown(report: Report, summary: list[dict[str, Any]]) -> str:
             *_markdown_table(SUMMARY_HEADERS, [summary_row(r) for r in summary]),
             "",
         ]
+    if f"× {NOISE}" in "\n".join(parts):
+        parts += [NOISE_NOTE, ""]
     parts.append(
         "ms/step: median over timing windows ± half their range. × eager: speedup over "
         "eager DDP with the same feed. GPU busy: time with a kernel, copy or memset running per step over step time. "

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import DdpGraphUsageError, usage_error
-from ..models import BUILTIN_WORKLOADS, Workload
+from ..models import BUILTIN_WORKLOADS, CPU_GPT_CONFIG, Workload, gpt_workload, mlp_workload
 
 # Per-GPU batch sizes benchmarked when `--batch-sizes` does not name the model: one
 # where launch overhead dominates, one where the GPU has more work per step.
@@ -39,6 +39,13 @@ DEFAULT_BATCH_SIZES: dict[str, list[int]] = {
     "mlp": [64, 256],
 }
 FALLBACK_BATCH_SIZES = [8, 32]
+# Without CUDA: the GPU-sized models take many minutes per strategy on CPU processes.
+CPU_DEFAULT_BATCH_SIZES: dict[str, list[int]] = {"gpt": [4, 16], "mlp": [16, 64]}
+CPU_DEFAULTS_NOTE = (
+    "No CUDA here: CPU-sized default models (gpt: 2 layers, width 64, 32 tokens; mlp: 2 "
+    "layers, width 256) and batch sizes gpt 4,16 and mlp 16,64. `--model` and `--batch-sizes` "
+    "choose others. On CPU nothing is captured: the times check the setup, not the speed."
+)
 
 _CONTRACT = (
     "the factory takes no arguments and returns a `ddpgraph.models.Workload`, or a tuple "
@@ -82,6 +89,14 @@ def resolve_model(spec: str) -> ModelSpec:
     return ModelSpec(text, _as_workload(factory, text))
 
 
+def cpu_default_models() -> list[ModelSpec]:
+    """The models benchmarked without CUDA when `--model` is not given."""
+    return [
+        ModelSpec("gpt", gpt_workload(CPU_GPT_CONFIG)),
+        ModelSpec("mlp", mlp_workload(dim=64, hidden=256, depth=2)),
+    ]
+
+
 def resolve_models(specs: list[str]) -> list[ModelSpec]:
     models = [resolve_model(s) for s in specs]
     names = [m.name for m in models]
@@ -95,10 +110,14 @@ def resolve_models(specs: list[str]) -> list[ModelSpec]:
     return models
 
 
-def parse_batch_sizes(entries: list[str] | None, models: list[ModelSpec]) -> dict[str, list[int]]:
+def parse_batch_sizes(
+    entries: list[str] | None,
+    models: list[ModelSpec],
+    defaults: dict[str, list[int]] = DEFAULT_BATCH_SIZES,
+) -> dict[str, list[int]]:
     """`--batch-sizes 8,32` (every model) or `gpt=8,32 resnet18=32,128` (per model)."""
     chosen: dict[str, list[int]] = {
-        m.name: DEFAULT_BATCH_SIZES.get(m.name, FALLBACK_BATCH_SIZES) for m in models
+        m.name: defaults.get(m.name, FALLBACK_BATCH_SIZES) for m in models
     }
     lookup = {m.name: m.name for m in models} | {m.spec: m.name for m in models}
     for entry in entries or []:

@@ -1,0 +1,87 @@
+"""Every code block of README.md and docs/*.md runs as written (tests/doc_blocks.py says
+how blocks are read and marked): Python blocks in 2 gloo processes under torchrun, bash
+blocks as commands in a copy of the repository with a virtual environment of its own,
+excerpts checked against the files they quote. Blocks marked gpu-only run in
+tests/gpu/test_doc_blocks_gpu.py instead."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import doc_blocks
+from doc_blocks import REPO, Block, blocks, documents
+
+pytestmark = pytest.mark.multiprocess
+ALL = [b for p in documents() for b in blocks(p)]
+CPU_BASH = [b for b in ALL if b.language == "bash" and b.runs and not b.gpu_only]
+
+
+def test_every_directive_is_known() -> None:
+    assert [u for p in documents() for u in doc_blocks.unknown_directives(p)] == []
+
+
+def test_every_python_and_bash_block_is_run_or_marked() -> None:
+    """Code is run, on CPU or GPU; a block not run says why (skip) or what it quotes."""
+    for b in ALL:
+        if b.language:
+            assert b.runs or b.directives.get("skip") or "excerpt" in b.directives, b.name
+
+
+@pytest.mark.parametrize("block", [b for b in ALL if "excerpt" in b.directives], ids=lambda b: b.name)
+def test_excerpts_are_lines_of_their_files(block: Block) -> None:
+    assert doc_blocks.excerpt_problems(block) == []
+
+
+def _python_files() -> list[Path]:
+    return [p for p in documents() if any(b.language == "python" and b.runs and not b.gpu_only for b in blocks(p))]
+
+
+@pytest.mark.parametrize("path", _python_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_python_blocks_run_on_two_cpu_processes(path: Path, tmp_path: Path) -> None:
+    results = doc_blocks.launch_python_blocks(path, tmp_path, nproc=2, gpu=False)
+    assert doc_blocks.failures(results) == ""
+
+
+def test_a_failing_block_and_a_gpu_only_block(tmp_path: Path) -> None:
+    """The runner reports a block that raises on one rank only, runs the blocks after it,
+    and leaves gpu-only blocks to the GPU test."""
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "```python\nimport torch.distributed as dist\nassert dist.get_rank() == 0, 'not rank 0'\n```\n\n"
+        "<!-- doc-test: gpu-only -->\n```python\nraise SystemExit(3)\n```\n\n"
+        "<!-- doc-test: setup\nvalue = 41\n-->\n```python\nassert value + 1 == 42\n```\n"
+    )
+    results = doc_blocks.launch_python_blocks(doc, tmp_path / "out", nproc=2, gpu=False)
+    assert list(results) == [f"{doc}:1", f"{doc}:14"]
+    first, last = results[f"{doc}:1"], results[f"{doc}:14"]
+    assert "error" not in first[0] and "AssertionError: not rank 0" in first[1]["error"]
+    assert all("error" not in r for r in last)
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A copy of the repository and a virtual environment that sees this one's packages
+    (so `pip install -e .` installs the copy and fetches nothing it already has)."""
+    root = tmp_path_factory.mktemp("firstcontact")
+    repo = root / "repo"
+    shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", ".*_cache", "out"))
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    [packages] = list((venv / "lib").glob("python*/site-packages"))
+    (packages / "outer_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "VIRTUAL_ENV"}}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", COLUMNS="100")
+    return repo, env
+
+
+@pytest.mark.parametrize("block", CPU_BASH, ids=lambda b: b.name)
+def test_bash_blocks_run_as_typed(block: Block, scratch: tuple[Path, dict[str, str]]) -> None:
+    repo, env = scratch
+    assert doc_blocks.run_commands(block, repo, env) == ""
