@@ -11,12 +11,12 @@ call, that nothing hangs, and that training equals the eager loop bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from launcher import ok, run_scenarios, run_scenarios_multinode
+from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
 
@@ -34,22 +34,7 @@ SCENARIOS = [
 # What only a backend that replays without Python can show.
 RECORDING_ONLY = ["host_read_in_backward_on_one_rank"]
 MULTINODE_SCENARIOS = ["equivalence", "fail_one_rank"]
-VARIANTS = ["pass-through", "recording"]
 Results = dict[str, list[dict[str, Any]]]
-
-
-def _launched(names: list[str], recording_only: Sequence[str] = ()) -> list[str]:
-    """Every scenario under both backends, in one launch."""
-    return names + [f"recording:{n}" for n in [*names, *recording_only]]
-
-
-def _key(name: str, variant: str) -> str:
-    return name if variant == "pass-through" else f"{variant}:{name}"
-
-
-@pytest.fixture(params=VARIANTS)
-def variant(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2proc", "4proc"])
@@ -60,19 +45,19 @@ def nproc(request: pytest.FixtureRequest) -> int:
 @pytest.fixture(scope="module")
 def results(nproc: int, tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp(f"gloo{nproc}")
-    return run_scenarios(SCRIPT, _launched(SCENARIOS, RECORDING_ONLY), out, nproc=nproc, timeout=240)
+    return run_scenarios(SCRIPT, both_backends(SCENARIOS, RECORDING_ONLY), out, nproc=nproc, timeout=240)
 
 
 @pytest.fixture(scope="module")
 def multinode(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("two_nodes")
     return run_scenarios_multinode(
-        SCRIPT, _launched(MULTINODE_SCENARIOS), out, nnodes=2, nproc_per_node=1, timeout=240
+        SCRIPT, both_backends(MULTINODE_SCENARIOS), out, nnodes=2, nproc_per_node=1, timeout=240
     )
 
 
 def _ranks(results: Results, name: str, variant: str = "pass-through") -> list[dict[str, Any]]:
-    ranks = ok(results[_key(name, variant)])
+    ranks = ok(results[key(name, variant)])
     world = ranks[0]["world_size"]
     assert [r["rank"] for r in ranks] == list(range(world))
     assert all(r["world_size"] == world for r in ranks)
