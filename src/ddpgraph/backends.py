@@ -157,24 +157,35 @@ class _PassThroughGraph:
         self.outputs = None
 
 
-class PassThroughBackend:
-    """A stand-in graph backend for CPU tests.
-
-    Recording runs the function once and keeps its outputs as the "graph-owned" outputs;
-    replaying runs it again on the static inputs and copies the results into those
-    outputs, so aliasing behaves as with CUDA graphs. `fail_ranks` makes recording fail
-    on those ranks (after the function ran, as CUDA reports an invalidated capture at
-    its end), to test agreement and recovery. `capturing` is True while recording.
-    """
-
-    name = "pass-through"
-    executes_during_capture = True
+class InjectedFailures:
+    """What the CPU backends share: `fail_ranks` makes recording fail on those ranks
+    with `message` (after the function ran, as CUDA reports an invalidated capture at
+    its end), to test agreement and recovery; `capturing` is True while recording;
+    `captures` counts finished recordings."""
 
     def __init__(self, fail_ranks: Iterable[int] = (), message: str = "injected failure"):
         self.fail_ranks = frozenset(fail_ranks)
         self.message = message
         self.capturing = False
         self.captures = 0
+
+    def _finish_recording(self) -> None:
+        self.captures += 1
+        if current_rank() in self.fail_ranks:
+            raise CaptureError(None, RuntimeError(self.message))
+
+
+class PassThroughBackend(InjectedFailures):
+    """A stand-in graph backend for CPU tests.
+
+    Recording runs the function once and keeps its outputs as the "graph-owned" outputs;
+    replaying runs it again on the static inputs and copies the results into those
+    outputs, so aliasing behaves as with CUDA graphs. `fail_ranks` and `message`: see
+    `InjectedFailures`.
+    """
+
+    name = "pass-through"
+    executes_during_capture = True
 
     def capture(
         self,
@@ -192,9 +203,7 @@ class PassThroughBackend:
             raise CaptureError(exc) from exc
         finally:
             self.capturing = False
-        self.captures += 1
-        if current_rank() in self.fail_ranks:
-            raise CaptureError(None, RuntimeError(self.message))
+        self._finish_recording()
         return _PassThroughGraph(fn, outputs)
 
 

@@ -63,12 +63,13 @@ class HostReadInCapture(RuntimeError):
     """Raised while recording by an operation that reads tensor data on the host."""
 
 
-def _tensors(values: Iterable[Any]) -> Iterable[torch.Tensor]:
+def tensors_in(values: Iterable[Any]) -> Iterable[torch.Tensor]:
+    """The tensors in `values`, looking inside (nested) lists and tuples."""
     for value in values:
         if isinstance(value, torch.Tensor):
             yield value
         elif isinstance(value, (list, tuple)):
-            yield from _tensors(value)
+            yield from tensors_in(value)
 
 
 def op_host_read(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -80,7 +81,7 @@ def op_host_read(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dic
         return f"`{func}` without `output_size`"
     if name in _MASK_INDEX_OPS:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        if any(t.dtype in _MASK_DTYPES for t in _tensors(indices or ())):
+        if any(t.dtype in _MASK_DTYPES for t in tensors_in(indices or ())):
             return f"`{func}` with a boolean mask (it computes `nonzero` of the mask)"
     return None
 

@@ -42,9 +42,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .backends import CapturedGraph, CaptureError
-from .distributed import current_rank
-from .host_reads import HostReadInCapture, host_read_error, method_host_read, op_host_read
+from .backends import CapturedGraph, CaptureError, InjectedFailures
+from .host_reads import (
+    HostReadInCapture,
+    host_read_error,
+    method_host_read,
+    op_host_read,
+    tensors_in,
+)
 from .rng import keep_states
 
 # Operations that only allocate: their output's values are undefined, so a replay has
@@ -80,14 +85,6 @@ class _Op:
         self.collective = collective
 
 
-def _tensors(values: Iterable[Any]) -> Iterable[torch.Tensor]:
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from _tensors(value)
-
-
 def _key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
@@ -99,7 +96,7 @@ def _written(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[st
         if arg.alias_info is None or not arg.alias_info.is_write:
             continue
         value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
-        written.extend(_tensors([value]))
+        written.extend(tensors_in([value]))
     return written
 
 
@@ -113,7 +110,7 @@ def _completed(func: torch._ops.OpOverload, args: tuple[Any, ...]) -> Any:
     tensors (the first argument) and a finished `Work`."""
     first = args[0] if args else []
     future: torch.futures.Future[Any] = torch.futures.Future()
-    future.set_result(list(_tensors([first])))
+    future.set_result(list(tensors_in([first])))
     # The dispatcher takes a Work as the TorchScript object it boxes into.
     work = torch._C._distributed_c10d._create_work_from_future(future).boxed()  # type: ignore[attr-defined]
     values = [work if "Work" in str(r.type) else first for r in func._schema.returns]
@@ -155,7 +152,7 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if _is_view(func):
             return out  # aliases a recorded tensor: nothing to recompute
-        inputs = {_key(t) for t in _tensors([args, list(kwargs.values())])}
+        inputs = {_key(t) for t in tensors_in([args, list(kwargs.values())])}
         targets: list[tuple[int, torch.Tensor]] = []
         for i, leaf in enumerate(tree_leaves(out)):
             if isinstance(leaf, torch.Tensor):
@@ -256,20 +253,16 @@ class RecordedGraph:
         self.outputs = None
 
 
-class RecordingBackend:
+class RecordingBackend(InjectedFailures):
     """Records a CPU step's operations and replays them without Python (see the module
-    docstring). `fail_ranks` and `message` inject a failure at the end of recording on
-    those ranks, as `PassThroughBackend` does. `capturing` is True while recording;
-    `last` is the latest recorded graph."""
+    docstring). `fail_ranks` and `message` inject a failure at the end of recording, as
+    with `PassThroughBackend`; `last` is the latest recorded graph."""
 
     name = "cpu-recording"
     executes_during_capture = False
 
     def __init__(self, fail_ranks: Iterable[int] = (), message: str = "injected failure"):
-        self.fail_ranks = frozenset(fail_ranks)
-        self.message = message
-        self.capturing = False
-        self.captures = 0
+        super().__init__(fail_ranks, message)
         self.last: RecordedGraph | None = None
 
     def capture(
@@ -299,8 +292,6 @@ class RecordingBackend:
             torch.set_rng_state(cpu_rng)
             put_back_generators()
         recorder.undo(poison=True)
-        self.captures += 1
-        if current_rank() in self.fail_ranks:
-            raise CaptureError(None, RuntimeError(self.message))
+        self._finish_recording()
         self.last = RecordedGraph(recorder.ops, outputs)
         return self.last
