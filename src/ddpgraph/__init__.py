@@ -9,7 +9,13 @@
 
 from .accumulate import accumulate, split_batch
 from .amp import GraphSafeGradScaler, ScalerStats, ScalerTensors
-from .backends import CaptureError, CudaGraphBackend, GraphBackend, PassThroughBackend
+from .backends import (
+    CaptureError,
+    CudaGraphBackend,
+    GraphBackend,
+    PassThroughBackend,
+    emulation_backend,
+)
 from .capture import CapturedStep, StepState, StepStats, capture_step
 from .checkpoint import load_training_state, training_state
 from .ddp import prepare_ddp
@@ -20,6 +26,7 @@ from .findings import CATALOG, Code, Finding, Location
 from .monitor import NonFiniteMonitor, StepValues
 from .optim import graph_safe_optimizer
 from .partial import PartialReport, graph_submodules, partial_report, ungraph_submodules
+from .recording import RecordingBackend
 from .strategies import SelectionReport, StrategyName, TrainStep, TrialSettings, make_step
 
 __version__ = "0.1.0"
@@ -42,6 +49,7 @@ __all__ = [
     "NonFiniteMonitor",
     "PartialReport",
     "PassThroughBackend",
+    "RecordingBackend",
     "ScalerStats",
     "ScalerTensors",
     "SelectionReport",
@@ -55,6 +63,7 @@ __all__ = [
     "accumulate",
     "capture_eval",
     "capture_step",
+    "emulation_backend",
     "graph_safe_optimizer",
     "graph_submodules",
     "init_distributed",

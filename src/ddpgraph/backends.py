@@ -1,10 +1,15 @@
 """Graph backends: what records a step and replays it.
 
-`CudaGraphBackend` is the real one. `PassThroughBackend` is a stand-in that "records"
-by running the function and "replays" by running it again on the static inputs: it
-lets the whole capture state machine (warm-up, agreement between ranks, fallback,
-restoring state after a failed capture) run on CPU with gloo, which is how ddpgraph's
-own CI tests it, and how users can test their training loop without a GPU.
+`CudaGraphBackend` is the real one. Two run on CPU with gloo, which is how ddpgraph's
+own CI tests the capture state machine (warm-up, agreement between ranks, fallback,
+restoring state after a failed capture), and how users can test their training loop
+without a GPU:
+
+* `PassThroughBackend`, a stand-in that "records" by running the function and
+  "replays" by running it again on the static inputs;
+* `RecordingBackend` (`recording.py`, built by `emulation_backend()`), which records
+  the step's tensor operations and collectives once and replays them without Python,
+  with a CUDA graph's semantics: Python numbers frozen, host reads refused.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class GraphBackend(Protocol):
     # True when recording also runs the function (the stand-in): the caller then undoes
     # the recorded call before the first replay, as CUDA recording runs no kernels.
     executes_during_capture: bool
+    # True while `capture` is recording the function.
+    capturing: bool
 
     def capture(
         self,
@@ -75,6 +82,9 @@ class CudaGraphBackend:
     name = "cuda"
     executes_during_capture = False
 
+    def __init__(self) -> None:
+        self.capturing = False
+
     def capture(
         self,
         fn: Callable[[], Any],
@@ -104,11 +114,13 @@ class CudaGraphBackend:
                 graph.capture_begin(pool=pool, capture_error_mode="global")
             except BaseException as exc:  # capture never started: nothing to end
                 raise CaptureError(exc) from exc
+            self.capturing = True
             try:
                 outputs = fn()
             except BaseException as exc:
                 cause = exc
             finally:
+                self.capturing = False
                 # Must run on the capture stream, and must run even after an error, or the
                 # stream stays in capture mode and every later CUDA call fails.
                 try:
@@ -145,24 +157,35 @@ class _PassThroughGraph:
         self.outputs = None
 
 
-class PassThroughBackend:
-    """A stand-in graph backend for CPU tests.
-
-    Recording runs the function once and keeps its outputs as the "graph-owned" outputs;
-    replaying runs it again on the static inputs and copies the results into those
-    outputs, so aliasing behaves as with CUDA graphs. `fail_ranks` makes recording fail
-    on those ranks (after the function ran, as CUDA reports an invalidated capture at
-    its end), to test agreement and recovery. `capturing` is True while recording.
-    """
-
-    name = "pass-through"
-    executes_during_capture = True
+class InjectedFailures:
+    """What the CPU backends share: `fail_ranks` makes recording fail on those ranks
+    with `message` (after the function ran, as CUDA reports an invalidated capture at
+    its end), to test agreement and recovery; `capturing` is True while recording;
+    `captures` counts finished recordings."""
 
     def __init__(self, fail_ranks: Iterable[int] = (), message: str = "injected failure"):
         self.fail_ranks = frozenset(fail_ranks)
         self.message = message
         self.capturing = False
         self.captures = 0
+
+    def _finish_recording(self) -> None:
+        self.captures += 1
+        if current_rank() in self.fail_ranks:
+            raise CaptureError(None, RuntimeError(self.message))
+
+
+class PassThroughBackend(InjectedFailures):
+    """A stand-in graph backend for CPU tests.
+
+    Recording runs the function once and keeps its outputs as the "graph-owned" outputs;
+    replaying runs it again on the static inputs and copies the results into those
+    outputs, so aliasing behaves as with CUDA graphs. `fail_ranks` and `message`: see
+    `InjectedFailures`.
+    """
+
+    name = "pass-through"
+    executes_during_capture = True
 
     def capture(
         self,
@@ -180,7 +203,14 @@ class PassThroughBackend:
             raise CaptureError(exc) from exc
         finally:
             self.capturing = False
-        self.captures += 1
-        if current_rank() in self.fail_ranks:
-            raise CaptureError(None, RuntimeError(self.message))
+        self._finish_recording()
         return _PassThroughGraph(fn, outputs)
+
+
+def emulation_backend() -> GraphBackend:
+    """The backend that shows on a machine without a GPU what capturing a step would do:
+    `RecordingBackend`, which replays the recorded operations and collectives without
+    Python. Its timings are those of CPU kernels, never a GPU speed-up."""
+    from .recording import RecordingBackend
+
+    return RecordingBackend()

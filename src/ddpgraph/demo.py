@@ -10,6 +10,9 @@ Three runs from the same initial weights and the same batches:
      learning rate in a device tensor): the reference the captured run must match;
   3. capture_step: warm-up, one capture, replays.
 Each trains with a cosine LR schedule, gradient clipping and (on GPU) bf16 autocast.
+Without a GPU, capture_step uses the CPU recording backend, which replays the recorded
+operations and all-reduces without Python: it shows what a capture would do, and its
+times are CPU times, never a GPU speed-up.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import arguments
+from .backends import emulation_backend
 from .capture import capture_step
 from .ddp import infer_device_ids, prepare_ddp
 from .distributed import DistInfo, init_distributed, launched_by_torchrun, shutdown
@@ -155,7 +159,10 @@ def _training(info: DistInfo, workload: Workload, steps: int, *, prepared: bool)
     """The model, optimizer and schedule every run starts from."""
     model = _model(info, workload)
     ddp = prepare_ddp(model) if prepared else DDP(model, device_ids=infer_device_ids({info.device}, None))
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01)
+    # On CPU, the fused kernel: the foreach one reads its step count on the host, which
+    # the emulated capture refuses as a GPU capture refuses it.
+    fused = None if info.device.type == "cuda" else True
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01, fused=fused)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(steps))
     return ddp, opt, sched
 
@@ -169,7 +176,7 @@ def _eager(graph_safe: bool) -> Callable[..., RunResult]:
             # Converted after the scheduler exists, as capture_step converts in the
             # captured run: a scheduler built before computes learning rates in float64,
             # one built after in float32, and the two differ in the last bit.
-            graph_safe_optimizer(opt)
+            graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
         step = make_train_step(ddp, opt, workload.loss, options)
         return _loop(name, step, sched, ddp, info, batches, steps, tick)
 
@@ -178,7 +185,8 @@ def _eager(graph_safe: bool) -> Callable[..., RunResult]:
 
 def _captured(name, info, workload, options, batches, steps, tick):  # type: ignore[no-untyped-def]
     ddp, opt, sched = _training(info, workload, steps, prepared=True)
-    with capture_step(make_train_step(ddp, opt, workload.loss, options), model=ddp, optimizer=opt) as step:
+    backend = None if info.device.type == "cuda" else emulation_backend()
+    with capture_step(make_train_step(ddp, opt, workload.loss, options), model=ddp, optimizer=opt, backend=backend) as step:
         result = _loop(name, step, sched, ddp, info, batches, steps, tick)
         s = step.stats
         result.replays = s.replays
@@ -212,7 +220,7 @@ def _print(info: DistInfo, args: argparse.Namespace, results: list[RunResult], r
     where = (
         f"{info.world_size} × {torch.cuda.get_device_name(info.device)}"
         if info.device.type == "cuda"
-        else f"{info.world_size} CPU processes (gloo)"
+        else f"{info.world_size} CPU processes (gloo), capture emulated on CPU"
     )
     table = Table(title=f"ddpgraph demo: TinyGPT, batch {args.batch}/rank, {len(base.losses)} steps, {where}")
     table.add_column("run")
@@ -230,6 +238,12 @@ def _print(info: DistInfo, args: argparse.Namespace, results: list[RunResult], r
     if cap.replays == 0:
         # Every row ran eagerly: a speedup there is run-to-run noise, not a gain.
         rank0_print("Nothing was captured, so all three runs are eager; their ms/step differ only by noise.")
+    elif info.device.type != "cuda":
+        rank0_print(
+            "CPU emulation: capture_step recorded the step once and replayed its operations and "
+            "all-reduces without Python (ddpgraph's recording backend). The times are CPU times, "
+            "not a GPU speed-up."
+        )
     loss_diff = _max_abs(ref.losses, cap.losses)
     param_diff = _param_rel(ref.params, cap.params)
     agree = "agree" if loss_diff <= 1e-5 and param_diff <= 1e-5 else "DIFFER"

@@ -214,6 +214,10 @@ class CapturedEval(StepBase[R]):
         before = compile_count()
         graph: CapturedGraph | None = None
         start = time.perf_counter()
+        # DDP's forward clears this flag under no_grad, and it decides whether the next
+        # forward broadcasts buffers: a failed recording ran no broadcast, so the eager
+        # call that replaces it must still make one, as eager evaluation would.
+        forward_sync = getattr(self._model, "require_forward_param_sync", None)
         try:
             graph = self._backend.capture(lambda: self._fn(*static_args, **static_kwargs), stream=self._stream, pool=self._pool)
             outcome = Outcome(current_rank(), True)
@@ -233,6 +237,8 @@ class CapturedEval(StepBase[R]):
             return self._replay_now(leaves)
         if graph is not None:
             graph.release()
+        if forward_sync is not None:
+            self._model.require_forward_param_sync = forward_sync
         self._give_up(decision.summary())
         self.stats.eager_steps += 1
         return self._eager(args, kwargs)

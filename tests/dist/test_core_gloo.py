@@ -1,8 +1,10 @@
-"""`capture_step` across processes: torchrun + gloo on CPU, with the stand-in backend.
+"""`capture_step` across processes: torchrun + gloo on CPU, with both CPU backends.
 
 Every scenario of tests/scenarios/cpu_core.py runs in one torchrun launch per
 configuration (2 processes, 4 processes, and a 2-node job on localhost that goes
-through torchrun's c10d rendezvous as separate hosts would); the tests assert on the
+through torchrun's c10d rendezvous as separate hosts would), once with the stand-in
+backend and once with the recording backend (`recording:NAME`), which replays the
+recorded operations and collectives as a CUDA graph would; the tests assert on the
 JSON each rank wrote. What they check is that all ranks take the same path on the same
 call, that nothing hangs, and that training equals the eager loop bit for bit.
 """
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from launcher import ok, run_scenarios, run_scenarios_multinode
+from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
 
@@ -26,7 +29,10 @@ SCENARIOS = [
     "refusal_on_one_rank",
     "input_change_on_one_rank",
     "no_backend_on_cpu",
+    "float_lr_after_capture",
 ]
+# What only a backend that replays without Python can show.
+RECORDING_ONLY = ["host_read_in_backward_on_one_rank"]
 MULTINODE_SCENARIOS = ["equivalence", "fail_one_rank"]
 Results = dict[str, list[dict[str, Any]]]
 
@@ -39,19 +45,19 @@ def nproc(request: pytest.FixtureRequest) -> int:
 @pytest.fixture(scope="module")
 def results(nproc: int, tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp(f"gloo{nproc}")
-    return run_scenarios(SCRIPT, SCENARIOS, out, nproc=nproc, timeout=240)
+    return run_scenarios(SCRIPT, both_backends(SCENARIOS, RECORDING_ONLY), out, nproc=nproc, timeout=240)
 
 
 @pytest.fixture(scope="module")
 def multinode(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("two_nodes")
     return run_scenarios_multinode(
-        SCRIPT, MULTINODE_SCENARIOS, out, nnodes=2, nproc_per_node=1, timeout=240
+        SCRIPT, both_backends(MULTINODE_SCENARIOS), out, nnodes=2, nproc_per_node=1, timeout=240
     )
 
 
-def _ranks(results: Results, name: str) -> list[dict[str, Any]]:
-    ranks = ok(results[name])
+def _ranks(results: Results, name: str, variant: str = "pass-through") -> list[dict[str, Any]]:
+    ranks = ok(results[key(name, variant)])
     world = ranks[0]["world_size"]
     assert [r["rank"] for r in ranks] == list(range(world))
     assert all(r["world_size"] == world for r in ranks)
@@ -81,21 +87,21 @@ def _check_fail_one_rank(ranks: list[dict[str, Any]]) -> None:
         assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
 
 
-def test_world_size_comes_from_torchrun(results: Results, nproc: int) -> None:
+def test_world_size_comes_from_torchrun(results: Results, nproc: int, variant: str) -> None:
     for name in SCENARIOS:
-        assert len(_ranks(results, name)) == nproc
+        assert len(_ranks(results, name, variant)) == nproc
 
 
-def test_equivalence(results: Results) -> None:
-    _check_equivalence(_ranks(results, "equivalence"))
+def test_equivalence(results: Results, variant: str) -> None:
+    _check_equivalence(_ranks(results, "equivalence", variant))
 
 
-def test_fail_one_rank(results: Results) -> None:
-    _check_fail_one_rank(_ranks(results, "fail_one_rank"))
+def test_fail_one_rank(results: Results, variant: str) -> None:
+    _check_fail_one_rank(_ranks(results, "fail_one_rank", variant))
 
 
-def test_fail_one_rank_raise(results: Results) -> None:
-    ranks = _ranks(results, "fail_one_rank_raise")
+def test_fail_one_rank_raise(results: Results, variant: str) -> None:
+    ranks = _ranks(results, "fail_one_rank_raise", variant)
     world = len(ranks)
     for r in ranks:
         assert r["raised_at"] == 11, r  # the capture call, on every rank
@@ -104,8 +110,8 @@ def test_fail_one_rank_raise(results: Results) -> None:
         assert r["unchanged"] is True
 
 
-def test_schedule_inside_on_one_rank(results: Results) -> None:
-    ranks = _ranks(results, "schedule_inside_on_one_rank")
+def test_schedule_inside_on_one_rank(results: Results, variant: str) -> None:
+    ranks = _ranks(results, "schedule_inside_on_one_rank", variant)
     world = len(ranks)
     for r in ranks:
         assert r["state"] == "eager", r
@@ -114,8 +120,8 @@ def test_schedule_inside_on_one_rank(results: Results) -> None:
         assert r["stats"]["captures"] == 0 and r["stats"]["warmup_steps"] == 11
 
 
-def test_refusal_on_one_rank(results: Results) -> None:
-    ranks = _ranks(results, "refusal_on_one_rank")
+def test_refusal_on_one_rank(results: Results, variant: str) -> None:
+    ranks = _ranks(results, "refusal_on_one_rank", variant)
     world = len(ranks)
     for r in ranks:
         assert r["state"] == "eager", r
@@ -125,8 +131,8 @@ def test_refusal_on_one_rank(results: Results) -> None:
         assert r["stats"]["warmup_steps"] == 0 and r["stats"]["eager_steps"] == 3
 
 
-def test_input_change_on_one_rank(results: Results) -> None:
-    ranks = _ranks(results, "input_change_on_one_rank")
+def test_input_change_on_one_rank(results: Results, variant: str) -> None:
+    ranks = _ranks(results, "input_change_on_one_rank", variant)
     last = len(ranks) - 1
     for r in ranks:
         changed = r["rank"] == last
@@ -140,8 +146,8 @@ def test_input_change_on_one_rank(results: Results) -> None:
     assert "INPUT_SIGNATURE_CHANGED" in warning and "(5, 16)" in warning
 
 
-def test_no_backend_on_cpu(results: Results) -> None:
-    ranks = _ranks(results, "no_backend_on_cpu")
+def test_no_backend_on_cpu(results: Results, variant: str) -> None:
+    ranks = _ranks(results, "no_backend_on_cpu", variant)
     for r in ranks:
         assert r["state"] == "eager", r
         assert r["code"] == "NO_CUDA"
@@ -149,16 +155,43 @@ def test_no_backend_on_cpu(results: Results) -> None:
         assert r["stats"]["eager_steps"] == 3
 
 
-def test_two_nodes_world_size(multinode: Results) -> None:
+def test_float_lr_after_capture(results: Results, variant: str) -> None:
+    """A replay keeps the float lr it was recorded with (what a GPU does, silently); the
+    stand-in re-runs Python, reads lr=0 and makes no update, so it cannot show this."""
+    for r in _ranks(results, "float_lr_after_capture", variant):
+        at_recorded_lr, at_zero = r["update_at_lr"]
+        assert at_recorded_lr > 0, r
+        if variant == "recording":
+            assert at_zero > 0.5 * at_recorded_lr, r
+        else:
+            assert at_zero == 0.0, r
+
+
+def test_host_read_in_backward_on_one_rank(results: Results) -> None:
+    """The capture fails on one rank in the middle of backward; all ranks fall back, the
+    reducer is reset (without the reset the next eager backward fails: a gradient
+    marked ready twice), and training equals the eager loop bit for bit."""
+    ranks = _ranks(results, "host_read_in_backward_on_one_rank", "recording")
+    last = len(ranks) - 1
+    for r in ranks:
+        assert r["state"] == "eager", r
+        assert r["code"] == "HOST_SYNC_IN_CAPTURE" and r["ranks"] == [last]
+        filename, _, source = r["line"]
+        assert filename.endswith("cpu_core.py") and "float(g.abs().sum())" in source
+        assert r["states"] == ["warmup"] * 11 + ["eager"] * 5
+        assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
+
+
+def test_two_nodes_world_size(multinode: Results, variant: str) -> None:
     for name in MULTINODE_SCENARIOS:
-        ranks = _ranks(multinode, name)
+        ranks = _ranks(multinode, name, variant)
         assert len(ranks) == 2
         assert all(r["world_size"] == 2 for r in ranks)
 
 
-def test_two_nodes_equivalence(multinode: Results) -> None:
-    _check_equivalence(_ranks(multinode, "equivalence"))
+def test_two_nodes_equivalence(multinode: Results, variant: str) -> None:
+    _check_equivalence(_ranks(multinode, "equivalence", variant))
 
 
-def test_two_nodes_fail_one_rank(multinode: Results) -> None:
-    _check_fail_one_rank(_ranks(multinode, "fail_one_rank"))
+def test_two_nodes_fail_one_rank(multinode: Results, variant: str) -> None:
+    _check_fail_one_rank(_ranks(multinode, "fail_one_rank", variant))

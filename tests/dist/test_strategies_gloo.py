@@ -1,7 +1,8 @@
 """Strategies across 2 processes (torchrun + gloo on CPU): every rank reaches the same
 choice, skips and verdicts, and training equals eager training.
 
-The scenarios are in tests/scenarios/cpu_strategies.py, run in one torchrun launch.
+The scenarios are in tests/scenarios/cpu_strategies.py, run in one torchrun launch with
+both CPU backends (the stand-in, and the recording backend as `recording:NAME`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from launcher import ok, run_scenarios
+from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
 
@@ -20,15 +22,15 @@ Results = dict[str, list[dict[str, Any]]]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    return run_scenarios("cpu_strategies.py", SCENARIOS, tmp_path_factory.mktemp("strategies"), nproc=2, timeout=300)
+    return run_scenarios("cpu_strategies.py", both_backends(SCENARIOS), tmp_path_factory.mktemp("strategies"), nproc=2, timeout=300)
 
 
 def _statuses(report: dict[str, Any]) -> dict[str, str]:
     return {t["name"]: t["status"] for t in report["trials"]}
 
 
-def test_auto_reaches_the_same_choice_on_every_rank(results: Results) -> None:
-    ranks = ok(results["auto_agreement"])
+def test_auto_reaches_the_same_choice_on_every_rank(results: Results, variant: str) -> None:
+    ranks = ok(results[key("auto_agreement", variant)])
     reports = [r["report"] for r in ranks]
     assert all(rep == reports[0] for rep in reports)  # identical, measurements included
     report = reports[0]
@@ -41,21 +43,21 @@ def test_auto_reaches_the_same_choice_on_every_rank(results: Results) -> None:
         assert r["loss_rel_diff"] == 0 and r["param_rel_diff"] == 0
 
 
-def test_the_budget_is_read_on_the_slowest_clock(results: Results) -> None:
-    for r in ok(results["auto_budget"]):
+def test_the_budget_is_read_on_the_slowest_clock(results: Results, variant: str) -> None:
+    for r in ok(results[key("auto_budget", variant)]):
         assert _statuses(r["report"]) == {"eager": "chosen", "whole": "skipped"}
 
 
-def test_partial_graphs_only_what_every_rank_graphed(results: Results) -> None:
-    for r in ok(results["partial_agreement"]):
+def test_partial_graphs_only_what_every_rank_graphed(results: Results, variant: str) -> None:
+    for r in ok(results[key("partial_agreement", variant)]):
         assert r["state"] == "captured"
         assert "" not in r["graphed"] and set(r["graphed"]) == {"0", "1", "3"}
         assert r["skipped"][""] == ["HOST_SYNC_IN_CAPTURE", [1]]
         assert r["loss_rel_diff"] == 0 and r["param_rel_diff"] == 0
 
 
-def test_evaluation_between_captured_steps(results: Results) -> None:
-    for r in ok(results["eval_between_steps"]):
+def test_evaluation_between_captured_steps(results: Results, variant: str) -> None:
+    for r in ok(results[key("eval_between_steps", variant)]):
         assert r["captured"]["train"] == "captured" and r["captured"]["eval"] == "captured"
         assert r["failing"]["eval"] == "eager" and r["failing"]["code"] == "CAPTURE_FAILED"
         for case in ("captured", "failing"):
@@ -64,8 +66,8 @@ def test_evaluation_between_captured_steps(results: Results) -> None:
             assert r[case]["buffer_rel_diff"] == 0, case
 
 
-def test_each_strategy_trains_like_eager(results: Results) -> None:
-    for r in ok(results["strategies_equal_eager"]):
+def test_each_strategy_trains_like_eager(results: Results, variant: str) -> None:
+    for r in ok(results[key("strategies_equal_eager", variant)]):
         assert {name: s["state"] for name, s in r["strategies"].items()} == {
             "eager": "eager",
             "whole": "captured",

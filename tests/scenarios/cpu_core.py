@@ -1,8 +1,9 @@
 """Core capture logic on CPU processes with gloo, driven by the stand-in graph backend.
 
 Each scenario trains the same small model twice from the same state and data: once
-through `capture_step` (PassThroughBackend) and once as a plain eager loop, and reports
-what the tests compare.
+through `capture_step` (with `harness.backend()`: the stand-in, or the recording
+backend for `recording:NAME`) and once as a plain eager loop, and reports what the
+tests compare.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ def _batches(info: DistInfo, n: int, size: int = 8) -> list[tuple[torch.Tensor, 
     return [(torch.randn(size, 16, generator=gen), torch.randint(0, 4, (size,), generator=gen)) for _ in range(n)]
 
 
-def _setup(opt_cls: type[torch.optim.Optimizer] = torch.optim.AdamW, **opt_kw: Any):
+def _setup(opt_cls: type[torch.optim.Optimizer] = torch.optim.AdamW, prepare=None, **opt_kw: Any):
     ddp = ddpgraph.prepare_ddp(_model())
-    opt = opt_cls(ddp.parameters(), lr=opt_kw.pop("lr", 1e-2), **opt_kw)
+    if prepare is not None:
+        prepare(ddp)
+    opt = opt_cls(ddp.parameters(), lr=opt_kw.pop("lr", 1e-2), **harness.optimizer_kwargs(opt_cls), **opt_kw)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))
     return ddp, opt, sched
 
@@ -50,8 +53,8 @@ def _step_fn(ddp: nn.Module, opt: torch.optim.Optimizer, hook=None):
     return train_step
 
 
-def _eager_reference(info: DistInfo, batches, opt_cls=torch.optim.AdamW, **opt_kw) -> tuple[list[float], list[torch.Tensor]]:
-    ddp, opt, sched = _setup(opt_cls, **opt_kw)
+def _eager_reference(info: DistInfo, batches, opt_cls=torch.optim.AdamW, prepare=None, **opt_kw) -> tuple[list[float], list[torch.Tensor]]:
+    ddp, opt, sched = _setup(opt_cls, prepare, **opt_kw)
     # The captured run's optimizer is made graph-safe (on CPU: lr in a tensor); so is
     # the reference, so both do the same arithmetic.
     ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
@@ -63,8 +66,8 @@ def _eager_reference(info: DistInfo, batches, opt_cls=torch.optim.AdamW, **opt_k
     return losses, harness.params_of(ddp)
 
 
-def _captured(info, batches, backend, opt_cls=torch.optim.AdamW, hook_factory=None, **kw):
-    ddp, opt, sched = _setup(opt_cls, **kw.pop("opt_kw", {}))
+def _captured(info, batches, backend, opt_cls=torch.optim.AdamW, hook_factory=None, prepare=None, **kw):
+    ddp, opt, sched = _setup(opt_cls, prepare, **kw.pop("opt_kw", {}))
     hook = hook_factory(info, backend) if hook_factory else None
     step = ddpgraph.capture_step(_step_fn(ddp, opt, hook), model=ddp, optimizer=opt, backend=backend, **kw)
     losses, states = [], []
@@ -77,9 +80,11 @@ def _captured(info, batches, backend, opt_cls=torch.optim.AdamW, hook_factory=No
 
 def _summary(step: ddpgraph.CapturedStep[Any]) -> dict[str, Any]:
     reason = step.reason
+    where = reason.location if reason else None
     return {
         "state": step.state.value,
         "code": reason.code.value if reason else None,
+        "line": [where.filename, where.lineno, where.source] if where else None,
         "ranks": list(reason.ranks) if reason else [],
         "reason": reason.format() if reason else None,
         "stats": vars(step.stats),
@@ -89,7 +94,7 @@ def _summary(step: ddpgraph.CapturedStep[Any]) -> dict[str, Any]:
 def equivalence(info: DistInfo) -> dict[str, Any]:
     batches = _batches(info, 30)
     ref_losses, ref_params = _eager_reference(info, batches)
-    step, losses, states, params = _captured(info, batches, ddpgraph.PassThroughBackend())
+    step, losses, states, params = _captured(info, batches, harness.backend())
     step.close()
     return {
         **_summary(step),
@@ -104,7 +109,7 @@ def fail_one_rank(info: DistInfo) -> dict[str, Any]:
     failed capture must leave no trace in the training state."""
     batches = _batches(info, 20)
     ref_losses, ref_params = _eager_reference(info, batches)
-    backend = ddpgraph.PassThroughBackend(fail_ranks={info.world_size - 1}, message="injected")
+    backend = harness.backend(fail_ranks={info.world_size - 1}, message="injected")
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         step, losses, states, params = _captured(info, batches, backend)
@@ -118,7 +123,7 @@ def fail_one_rank(info: DistInfo) -> dict[str, Any]:
 
 def fail_one_rank_raise(info: DistInfo) -> dict[str, Any]:
     batches = _batches(info, 14)
-    backend = ddpgraph.PassThroughBackend(fail_ranks={info.world_size - 1})
+    backend = harness.backend(fail_ranks={info.world_size - 1})
     ddp, opt, _ = _setup()
     step = ddpgraph.capture_step(_step_fn(ddp, opt), model=ddp, optimizer=opt, backend=backend, on_failure="raise")
     before = None
@@ -153,7 +158,7 @@ def schedule_inside_on_one_rank(info: DistInfo) -> dict[str, Any]:
     holder["opt"] = opt
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        step = ddpgraph.capture_step(_step_fn(ddp, opt, hook), model=ddp, optimizer=opt, backend=ddpgraph.PassThroughBackend())
+        step = ddpgraph.capture_step(_step_fn(ddp, opt, hook), model=ddp, optimizer=opt, backend=harness.backend())
         for x, y in batches:
             step(x, y)
             sched.step()
@@ -169,7 +174,7 @@ def refusal_on_one_rank(info: DistInfo) -> dict[str, Any]:
         opt = torch.optim.Adam(ddp.parameters(), lr=0.1)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        step = ddpgraph.capture_step(_step_fn(ddp, opt), model=ddp, optimizer=opt, backend=ddpgraph.PassThroughBackend())
+        step = ddpgraph.capture_step(_step_fn(ddp, opt), model=ddp, optimizer=opt, backend=harness.backend())
     batches = _batches(info, 3)
     for x, y in batches:
         step(x, y)
@@ -186,7 +191,7 @@ def input_change_on_one_rank(info: DistInfo) -> dict[str, Any]:
     ref_losses, ref_params = _eager_reference(info, batches)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        step, losses, states, params = _captured(info, batches, ddpgraph.PassThroughBackend())
+        step, losses, states, params = _captured(info, batches, harness.backend())
     return {
         **_summary(step),
         "states": states,
@@ -194,6 +199,49 @@ def input_change_on_one_rank(info: DistInfo) -> dict[str, Any]:
         "loss_rel_diff": harness.loss_rel_diff(ref_losses, losses),
         "param_rel_diff": harness.rel_diff(ref_params, params),
     }
+
+
+def host_read_in_backward_on_one_rank(info: DistInfo) -> dict[str, Any]:
+    """A gradient hook that reads a value on the host, on the last rank only. Under the
+    recording backend (as under CUDA) that rank's capture fails half-way through backward,
+    with DDP's reducer holding some gradients marked ready: every rank falls back on the
+    same call, the reducer is reset, and training equals the eager loop. The stand-in
+    runs the hook for real and captures."""
+
+    def prepare(ddp: nn.Module) -> None:
+        if info.rank == info.world_size - 1:
+            ddp.module[0].weight.register_hook(lambda g: g if float(g.abs().sum()) >= 0 else -g)
+
+    batches = _batches(info, 16)
+    ref_losses, ref_params = _eager_reference(info, batches, prepare=prepare)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        step, losses, states, params = _captured(info, batches, harness.backend(), prepare=prepare)
+    return {
+        **_summary(step),
+        "states": states,
+        "loss_rel_diff": harness.loss_rel_diff(ref_losses, losses),
+        "param_rel_diff": harness.rel_diff(ref_params, params),
+    }
+
+
+def float_lr_after_capture(info: DistInfo) -> dict[str, Any]:
+    """The recipe's silent error, without ddpgraph's tensor learning rate: a graph recorded
+    with a float lr, then lr set to 0. Reports the size of the update before and after."""
+    ddp, opt, _ = _setup(torch.optim.SGD, lr=0.05)
+    x, y = _batches(info, 1)[0]
+    step = _step_fn(ddp, opt)
+    for _ in range(11):
+        step(x, y)
+    graph = harness.backend().capture(lambda: step(x, y), stream=None, pool=None)
+    updates = []
+    for lr in (0.05, 0.0):
+        opt.param_groups[0]["lr"] = lr
+        before = harness.params_of(ddp)
+        graph.replay()
+        updates.append(harness.rel_diff(before, harness.params_of(ddp)))
+    graph.release()
+    return {"update_at_lr": updates}
 
 
 def no_backend_on_cpu(info: DistInfo) -> dict[str, Any]:
@@ -212,6 +260,8 @@ REGISTRY = {
     "refusal_on_one_rank": refusal_on_one_rank,
     "input_change_on_one_rank": input_change_on_one_rank,
     "no_backend_on_cpu": no_backend_on_cpu,
+    "host_read_in_backward_on_one_rank": host_read_in_backward_on_one_rank,
+    "float_lr_after_capture": float_lr_after_capture,
 }
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def _batches(info: DistInfo, n: int, size: int = 8) -> list[tuple[torch.Tensor, 
 class _Setup:
     def __init__(self, graph_safe: bool = False) -> None:
         self.ddp = ddpgraph.prepare_ddp(_model())
-        self.opt = torch.optim.AdamW(self.ddp.parameters(), lr=1e-2)
+        self.opt = torch.optim.AdamW(self.ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2)
         if graph_safe:
             ddpgraph.graph_safe_optimizer(self.opt, tensor_lr_on_cpu=True)
 
@@ -118,7 +118,7 @@ def auto_agreement(info: DistInfo) -> dict[str, Any]:
         return Scripted(EagerStep(run.step, model=run.ddp, options=CaptureOptions()), clock, ms, after)
 
     def whole(fail: set[int], ms: float) -> Scripted:
-        backend = ddpgraph.PassThroughBackend(fail_ranks=fail)
+        backend = harness.backend(fail_ranks=fail)
         return Scripted(ddpgraph.capture_step(run.step, model=run.ddp, optimizer=run.opt, backend=backend), clock, ms)
 
     candidates = [
@@ -152,7 +152,7 @@ def auto_budget(info: DistInfo) -> dict[str, Any]:
         return Scripted(EagerStep(run.step, model=run.ddp, options=CaptureOptions()), clock, ms)
 
     def whole() -> Scripted:
-        step = ddpgraph.capture_step(run.step, model=run.ddp, optimizer=run.opt, backend=ddpgraph.PassThroughBackend())
+        step = ddpgraph.capture_step(run.step, model=run.ddp, optimizer=run.opt, backend=harness.backend())
         return Scripted(step, clock, 0.5)
 
     candidates = [Candidate("eager", eager), Candidate("whole", whole)]
@@ -204,9 +204,9 @@ def eval_between_steps(info: DistInfo) -> dict[str, Any]:
         run = _Setup(graph_safe=True)
         summary: dict[str, Any] = {}
         if capture:
-            step: Any = ddpgraph.capture_step(run.step, model=run.ddp, optimizer=run.opt, backend=ddpgraph.PassThroughBackend())
+            step: Any = ddpgraph.capture_step(run.step, model=run.ddp, optimizer=run.opt, backend=harness.backend())
             evaluate: Any = capture_eval(
-                lambda x: run.ddp(x).softmax(-1), model=run.ddp, backend=ddpgraph.PassThroughBackend(fail_ranks=fail)
+                lambda x: run.ddp(x).softmax(-1), model=run.ddp, backend=harness.backend(fail_ranks=fail)
             )
         else:
             step = run.step
@@ -252,8 +252,8 @@ def strategies_equal_eager(info: DistInfo) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, kw, safe in (
         ("eager", {}, False),
-        ("whole", {"backend": ddpgraph.PassThroughBackend()}, True),
-        ("compile", {"backend": ddpgraph.PassThroughBackend(), "compile_backend": "eager"}, True),
+        ("whole", {"backend": harness.backend()}, True),
+        ("compile", {"backend": harness.backend(), "compile_backend": "eager"}, True),
         ("partial", {"grapher": lambda m, a: None}, False),
     ):
         torch._dynamo.reset()

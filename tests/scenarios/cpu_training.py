@@ -157,7 +157,7 @@ def _scaled_loop(info: DistInfo, make_scaler: Callable[[], Any], *, captured: bo
     model = net(info)
     Poison(model, info, poison_calls, [info.world_size - 1]).grad_hook(model.fc1.weight)
     ddp = ddpgraph.prepare_ddp(model)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2)
     scaler = make_scaler()
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -168,7 +168,7 @@ def _scaled_loop(info: DistInfo, make_scaler: Callable[[], Any], *, captured: bo
         return loss
 
     if captured:
-        step = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, scaler=scaler, backend=ddpgraph.PassThroughBackend())
+        step = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, scaler=scaler, backend=harness.backend())
     else:
         ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
         step = train_step
@@ -204,7 +204,7 @@ def accumulation(info: DistInfo) -> dict[str, Any]:
 
     def run(captured: bool) -> tuple[Trajectory, dict[str, Any], int]:
         ddp = ddpgraph.prepare_ddp(net(info))
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        opt = torch.optim.SGD(ddp.parameters(), **harness.optimizer_kwargs(torch.optim.SGD), lr=0.05, momentum=0.9)
         calls = [0]
 
         def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations at run time
@@ -221,7 +221,7 @@ def accumulation(info: DistInfo) -> dict[str, Any]:
             return loss
 
         if captured:
-            step: Any = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, backend=ddpgraph.PassThroughBackend())
+            step: Any = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, backend=harness.backend())
         else:
             ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
             step = train_step
@@ -279,9 +279,9 @@ def monitor(info: DistInfo) -> dict[str, Any]:
     model = net(info)
     poison = Poison(model, info, [12], [info.world_size - 1], value=math.nan)
     ddp = ddpgraph.prepare_ddp(model)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2)
     watch = NonFiniteMonitor(action="raise")
-    step = ddpgraph.capture_step(watched_step(ddp, opt, poison, watch), model=ddp, optimizer=opt, backend=ddpgraph.PassThroughBackend())
+    step = ddpgraph.capture_step(watched_step(ddp, opt, poison, watch), model=ddp, optimizer=opt, backend=harness.backend())
     watched = run_watched(step, watch, batches(info, 16))
     return {**summary(step), **watched}
 
@@ -294,7 +294,7 @@ def checkpoint_resume(info: DistInfo) -> dict[str, Any]:
 
     def build(seed: int) -> tuple[Any, Any, Any, Any, Any]:
         ddp = ddpgraph.prepare_ddp(net(info, dropout=0.2, norm=True))
-        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+        opt = torch.optim.AdamW(ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
         scaler = GraphSafeGradScaler(init_scale=2.0**8, growth_interval=2)
 
@@ -307,7 +307,7 @@ def checkpoint_resume(info: DistInfo) -> dict[str, Any]:
             return loss.detach()
 
         torch.manual_seed(seed + info.rank)
-        step = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, scaler=scaler, backend=ddpgraph.PassThroughBackend())
+        step = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, scaler=scaler, backend=harness.backend())
         return ddp, opt, sched, scaler, step
 
     data = batches(info, 30)
@@ -341,7 +341,7 @@ def eval_between_steps(info: DistInfo) -> dict[str, Any]:
 
     def run(captured: bool, through_ddp: bool) -> tuple[Trajectory, list[float], dict[str, Any]]:
         ddp = ddpgraph.prepare_ddp(net(info, norm=True))
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        opt = torch.optim.SGD(ddp.parameters(), **harness.optimizer_kwargs(torch.optim.SGD), lr=0.05, momentum=0.9)
 
         def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
@@ -351,7 +351,7 @@ def eval_between_steps(info: DistInfo) -> dict[str, Any]:
             return loss.detach()
 
         if captured:
-            step: Any = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, backend=ddpgraph.PassThroughBackend())
+            step: Any = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, backend=harness.backend())
         else:
             ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
             step = train_step

@@ -5,6 +5,10 @@
 
 A scenario is a function taking `DistInfo` and returning a JSON-able dict. An exception
 is recorded as {"error": traceback} and the next scenario still runs, after a barrier.
+
+A name `recording:NAME` runs scenario NAME with the CPU recording backend wherever the
+scenario asks for `harness.backend()`; a plain NAME runs it with the stand-in backend.
+Both kinds run in one launch, so a second backend costs no second torchrun start.
 """
 
 from __future__ import annotations
@@ -19,9 +23,40 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import ddpgraph
 from ddpgraph.distributed import DistInfo, init_distributed
+from ddpgraph.recording import RecordingBackend
 
 Scenario = Callable[[DistInfo], dict[str, Any]]
+RECORDING = "recording"
+_variant = {"backend": "pass-through"}
+# Optimizers whose CPU kernels read nothing on the host (the fused ones), which the
+# recording backend needs as a CUDA graph needs capturable ones.
+_FUSED_ON_CPU = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+
+
+def backend(**kwargs: Any) -> ddpgraph.GraphBackend:
+    """The graph backend of the running variant: `PassThroughBackend(**kwargs)` or
+    `RecordingBackend(**kwargs)` (both take `fail_ranks` and `message`)."""
+    if _variant["backend"] == RECORDING:
+        return RecordingBackend(**kwargs)
+    return ddpgraph.PassThroughBackend(**kwargs)
+
+
+def recording() -> bool:
+    return _variant["backend"] == RECORDING
+
+
+def optimizer_kwargs(opt_cls: type[torch.optim.Optimizer]) -> dict[str, Any]:
+    """Extra constructor arguments for `opt_cls` in the running variant: the fused CPU
+    kernel under the recording backend (the eager reference gets the same)."""
+    return {"fused": True} if recording() and issubclass(opt_cls, _FUSED_ON_CPU) else {}
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """("recording", "x") for "recording:x"; ("pass-through", "x") for "x"."""
+    kind, _, base = name.rpartition(":")
+    return (kind or "pass-through"), base
 
 
 def run(registry: dict[str, Scenario]) -> None:
@@ -32,8 +67,9 @@ def run(registry: dict[str, Scenario]) -> None:
     info = init_distributed(timeout_s=float(os.environ.get("DDPGRAPH_TEST_PG_TIMEOUT", "120")))
     os.makedirs(args.out, exist_ok=True)
     for name in args.names or list(registry):
+        _variant["backend"], base = split_name(name)
         try:
-            result = registry[name](info)
+            result = registry[base](info)
         except Exception:
             result = {"error": traceback.format_exc()}
         result["rank"] = info.rank

@@ -95,7 +95,7 @@ def _run(strategy: Strategy, case: Case, settings: Settings = QUICK) -> Strategy
 
 
 @pytest.mark.usefixtures("process_group")
-def test_eager_and_capture_step_train_identically_on_cpu() -> None:
+def test_eager_and_emulated_capture_step_train_alike_on_cpu() -> None:
     case = _case()
     eager = _run(registry_module._REGISTRY["eager"], case)
     captured = _run(registry_module._REGISTRY["capture_step"], case)
@@ -105,10 +105,11 @@ def test_eager_and_capture_step_train_identically_on_cpu() -> None:
         assert len(result.feeds["device"].window_ms) == 2
         assert result.feeds["device"].ms_per_step > 0
         assert result.peak_memory_mib is None and result.kernel_ms_per_step is None
-    # Same weights, same batches, same optimizer (on CPU capture_step runs eagerly).
-    assert eager.final_loss == captured.final_loss
-    assert captured.captured is False
-    assert captured.note is not None and captured.note.startswith("[NO_CUDA]")
+    # Same weights, same batches; on CPU capture_step emulates the capture with the fused
+    # AdamW, which rounds differently from eager's default one.
+    assert captured.final_loss == pytest.approx(eager.final_loss, rel=1e-5)
+    assert captured.captured is True
+    assert captured.note is not None and captured.note.startswith("CPU emulation")
     assert eager.note is None and eager.captured is None
 
 

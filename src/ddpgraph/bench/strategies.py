@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ..backends import emulation_backend
 from ..capture import StepState, capture_step
 from ..ddp import prepare_ddp
 from ..findings import Code
@@ -175,6 +176,12 @@ class RecipeRunner(Runner):
         self._loss = None
 
 
+EMULATED = (
+    "CPU emulation: the step was recorded once and its operations and all-reduces replayed "
+    "without Python (ddpgraph's recording backend); CPU times, not a GPU speed-up"
+)
+
+
 class CaptureStepRunner(Runner):
     """`ddpgraph.capture_step` (or, with `strategy`, `ddpgraph.make_step`) over a model
     from `ddpgraph.prepare_ddp`.
@@ -190,7 +197,11 @@ class CaptureStepRunner(Runner):
     ) -> None:
         self._strategy = strategy
         self._ddp = prepare_ddp(model, **case.ddp_kwargs())
-        self._opt = torch.optim.AdamW(self._ddp.parameters(), lr=LEARNING_RATE)
+        # Without a GPU the capture is emulated (`emulation_backend`), which needs the
+        # fused CPU AdamW: the foreach one reads its step count on the host.
+        self._backend = None if case.on_cuda else emulation_backend()
+        fused = None if case.on_cuda else True
+        self._opt = torch.optim.AdamW(self._ddp.parameters(), lr=LEARNING_RATE, fused=fused)
         self._compiled = compile_model
         if compile_model:
             torch._dynamo.reset()
@@ -211,7 +222,7 @@ class CaptureStepRunner(Runner):
         if self._step is None or x.device != self._inputs_on:
             self._retire_step()
             if self._strategy == "whole":
-                self._step = capture_step(self._fn, model=self._ddp, optimizer=self._opt)
+                self._step = capture_step(self._fn, model=self._ddp, optimizer=self._opt, backend=self._backend)
             else:
                 self._step = make_step(
                     self._fn, model=self._ddp, optimizer=self._opt, strategy=self._strategy  # type: ignore[arg-type]
@@ -232,7 +243,8 @@ class CaptureStepRunner(Runner):
     def _step_note(self, step: GraphedStep[torch.Tensor]) -> str | None:
         reason = step.reason
         if reason is None:
-            return None
+            emulated = self._backend is not None and step.state is StepState.CAPTURED
+            return EMULATED if emulated else None
         if reason.code is Code.NO_CUDA:
             return f"[{reason.code.value}] {reason.happened}"
         return f"ran eagerly (inputs on {self._inputs_on}): {reason.format()}"
