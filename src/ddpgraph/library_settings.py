@@ -33,7 +33,7 @@ def _transformers_eager_attention(module: torch.nn.Module) -> str | None:
         return None
     return (
         f"`{type(module).__name__}` was built with `attn_implementation=\"eager\"`; build it "
-        "with `attn_implementation=\"sdpa\"` (for example `from_config(config, "
+        "with `attn_implementation=\"sdpa\"` (in its config, or `from_config(config, "
         "attn_implementation=\"sdpa\")`), whose attention does not wait for the GPU"
     )
 
@@ -43,13 +43,12 @@ _RULES: tuple[Callable[[torch.nn.Module], str | None], ...] = (_transformers_eag
 
 def known_setting(frame: FrameType | None) -> str | None:
     """The fix a known library setting offers for a synchronisation made in `frame` (the
-    innermost live frame), from the modules whose methods are running there."""
+    innermost live frame), from the modules whose methods are running there; the
+    outermost such module is named, the model the user built rather than its parts."""
+    found = None
     while frame is not None:
         owner = frame.f_locals.get("self") if frame.f_code.co_varnames[:1] == ("self",) else None
         if isinstance(owner, torch.nn.Module):
-            for rule in _RULES:
-                hint = rule(owner)
-                if hint is not None:
-                    return hint
+            found = next((hint for rule in _RULES if (hint := rule(owner)) is not None), found)
         frame = frame.f_back
-    return None
+    return found

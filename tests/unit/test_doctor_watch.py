@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from test_doctor_instrument import FakeGraph, train
+from test_doctor_instrument import FakeGraph, inst, train
+
+__all__ = ["inst"]  # the fixture, shared with test_doctor_instrument
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -21,7 +23,6 @@ from ddpgraph import Code
 from ddpgraph.doctor import instrument
 from ddpgraph.doctor.instrument import Instrumentation
 from ddpgraph.doctor.observed import storage_key
-from ddpgraph.doctor.recorder import Recorder
 
 
 def _all_storages() -> set[int]:
@@ -35,16 +36,11 @@ def _all_storages() -> set[int]:
     return found
 
 
-@pytest.fixture
-def inst(process_group: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Instrumentation]:
+@pytest.fixture(autouse=True)
+def every_tensor_counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(instrument, "_live_storages", _all_storages)
-    instrumentation = Instrumentation(Recorder())
-    instrumentation.install()
-    try:
-        yield instrumentation
-    finally:
-        instrumentation.uninstall()
-    assert "copy_" not in vars(torch.Tensor) or not hasattr(torch.Tensor.copy_, "__wrapped__")
+    yield
+    assert not hasattr(torch.Tensor.copy_, "__wrapped__")  # uninstalled by `inst`
     assert not hasattr(ddpgraph.capture.fall_back, "__wrapped__")
 
 

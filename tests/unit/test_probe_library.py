@@ -152,3 +152,16 @@ def test_a_sync_in_the_users_own_code_keeps_the_short_form() -> None:
     finding = host_sync_finding(stack)
     assert finding.location is not None and finding.location.filename == __file__
     assert finding.happened == "`stack = traceback.extract_stack()` waits for the GPU"
+
+
+def test_the_probes_findings_carry_the_setting_capture_step_reports(installed: dict[str, Any]) -> None:
+    # `capture_step` builds `step.reason` from `ProbeResult.findings()`: the same chain.
+    import torch
+
+    from ddpgraph.probe import ProbeResult, SyncEvent
+
+    installed["transformers.ops"].Attention("eager")(torch.ones(2))
+    stack, setting = installed["transformers.ops"].seen[-1]
+    [finding] = ProbeResult([SyncEvent(stack, setting)]).findings()
+    assert finding.code is Code.HOST_SYNC_IN_CAPTURE and finding.fix == setting
+    assert "calls into transformers" in finding.happened

@@ -69,7 +69,9 @@ class Instrumentation:
             (dist, "init_process_group", self._init_process_group),
         ):
             self._undo.append(_wrap(owner, name, wrapper))
-        self._watch_ddpgraph()
+        # ddpgraph's internals may move; a hook that cannot be placed is one of the
+        # doctor's own errors (in the report), never the script's.
+        self._safely("watching ddpgraph", self._watch_ddpgraph)
         self._undo.append(register_optimizer_step_pre_hook(self._optimizer_step).remove)
         shown = warnings.showwarning
 

@@ -278,7 +278,7 @@ class Recorder:
     def ddpgraph_gave_up(self, finding: Finding, where: Location | None) -> None:
         """A ddpgraph step stopped capturing, for `finding` (agreed by every rank)."""
         if finding.code is Code.NO_CUDA:
-            self.add(no_gpu_finding(f"ddpgraph ran the step eagerly ({finding.happened})", where))
+            self.add(no_gpu_finding("the ddpgraph step here ran every call eagerly, capturing nothing", where))
             return
         if any(f.code is finding.code for f in self.findings):
             return  # the failed capture itself was diagnosed here already
