@@ -1,7 +1,7 @@
 """Precision and recall of `ddpgraph doctor` over every script here.
 
     python tests/doctor_scripts/score.py                 # every script, 2 ranks
-    python tests/doctor_scripts/score.py --nproc 1 --out score.json
+    python tests/doctor_scripts/score.py --nproc 1 --jobs 4 --out score.json
     python tests/doctor_scripts/score.py cpu_fail.py portable_graph.py
 
 Runs the doctor on each script and compares its findings with what the script's comments
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,21 +76,28 @@ def score_report(name: str, report: dict[str, Any], expected: list[Expected], wo
     return result
 
 
-def run(names: list[str], nproc: int) -> list[Score]:
+def score_script(name: str, nproc: int, gpu: bool) -> Score:
+    expected = expectations(name, gpu=gpu)
+    _, report, output = run_doctor(name, nproc=nproc, timeout=doctor_timeout(name))
+    score = score_report(name, report, expected, nproc)
+    if score.wrong or score.missed:
+        score.notes = [f["happened"][:300] for f in report["findings"]] or [output[-600:]]
+    print(f"{name}: right {score.right} wrong {score.wrong} missed {score.missed}", file=sys.stderr)
+    return score
+
+
+def run(names: list[str], nproc: int, jobs: int = 1) -> list[Score]:
+    """Score `names` with `nproc` ranks each, `jobs` scripts at a time (each is its own
+    torchrun job with its own ports)."""
     gpu = torch.cuda.is_available()
-    scores = []
+    runnable = []
     for name in names:
         if ranks_needed(name) > nproc:
             print(f"{name}: skipped (needs {ranks_needed(name)} ranks)", file=sys.stderr)
-            continue
-        expected = expectations(name, gpu=gpu)
-        _, report, output = run_doctor(name, nproc=nproc, timeout=doctor_timeout(name))
-        score = score_report(name, report, expected, nproc)
-        if score.wrong or score.missed:
-            score.notes = [f["happened"][:300] for f in report["findings"]] or [output[-600:]]
-        scores.append(score)
-        print(f"{name}: right {score.right} wrong {score.wrong} missed {score.missed}", file=sys.stderr)
-    return scores
+        else:
+            runnable.append(name)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(lambda name: score_script(name, nproc, gpu), runnable))
 
 
 def totals(scores: list[Score]) -> dict[str, float]:
@@ -132,8 +140,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("scripts", nargs="*", help="script names here (default: all)")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write the scores as JSON here")
+    parser.add_argument("--jobs", type=int, default=1, help="scripts run at a time (default 1)")
     args = parser.parse_args(argv)
-    scores = run(args.scripts or all_scripts(), args.nproc)
+    scores = run(args.scripts or all_scripts(), args.nproc, args.jobs)
     gpu = torch.cuda.is_available()
     machine = f"{args.nproc} rank(s), " + (torch.cuda.get_device_name(0) if gpu else "no GPU (CPU only)")
     print(table(scores, machine))

@@ -171,3 +171,17 @@ def test_a_report_of_no_cuda_alone_is_unchecked_with_its_own_exit_status() -> No
     assert report.to_json()["status"] == "unchecked"
     other = Finding(Code.SCRIPT_FAILED, "ValueError: x", location=CALL_AT)
     assert build_report("t.py", [], 2, 60, _report(no_gpu, other)).exit_code == 1
+
+
+def test_the_terminal_report_says_plainly_that_nothing_was_checked() -> None:
+    import io
+
+    from rich.console import Console
+
+    from ddpgraph.doctor.report import render
+
+    out = io.StringIO()
+    no_gpu = Finding(Code.NO_CUDA, "nothing was checked because there is no GPU", location=CALL_AT)
+    render(build_report("t.py", [], 2, 60, _report(no_gpu)), Console(file=out, width=120, markup=False, highlight=False))
+    text = out.getvalue()
+    assert "Nothing was checked because there is no GPU." in text and "No problems found" not in text

@@ -80,6 +80,20 @@ def test_a_short_batch_assigned_into_a_slice_of_the_graph_input(inst: Instrument
     assert finding.location is not None and finding.location.source == "static_x[:] = batch"
 
 
+def test_copy_with_keywords_goes_through_unchanged(inst: Instrumentation) -> None:
+    _, static_x, _ = captured(inst)
+    fresh = torch.randn(8, 4)
+    static_x.copy_(other=fresh, non_blocking=False)
+    assert torch.equal(static_x, fresh) and inst.recorder.findings == []
+
+
+def test_a_short_batch_copied_by_keyword(inst: Instrumentation) -> None:
+    _, static_x, _ = captured(inst)
+    with pytest.raises(RuntimeError) as info:
+        static_x.copy_(other=torch.randn(5, 4))
+    assert ended_with(inst, info.value) == [Code.STATIC_INPUT_CHANGED]
+
+
 def test_a_failed_copy_into_a_tensor_the_graph_does_not_read(inst: Instrumentation) -> None:
     captured(inst)
     window = torch.zeros(8)

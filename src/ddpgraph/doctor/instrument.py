@@ -130,10 +130,11 @@ class Instrumentation:
         self._undo.append(_wrap(torch.Tensor, "copy_", self._copy))
         self._undo.append(_wrap(torch.Tensor, "__setitem__", self._setitem))
 
-    def _copy(self, original: Callable[..., Any], target: torch.Tensor, src: Any, *args: Any, **kwargs: Any) -> Any:
+    def _copy(self, original: Callable[..., Any], target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         try:
-            return original(target, src, *args, **kwargs)
+            return original(target, *args, **kwargs)
         except Exception as exc:
+            src = args[0] if args else kwargs.get("other", kwargs.get("src"))
             self._failed_write(target, src, lambda: tuple(target.shape), exc)
             raise
 
