@@ -7,7 +7,8 @@ tells the causes apart is elsewhere:
 * the errors raised while recording, earliest first, each with its Python stack
   (the one raised by `capture_end` carries the earlier one as its `__context__`);
 * the warnings PyTorch raised meanwhile (DDP's gradient accumulators on another
-  stream: "The AccumulateGrad node's stream does not match ...");
+  stream: "The AccumulateGrad node's stream does not match ..."; it names no stream,
+  and it is a cause only where those accumulators belong to the default stream);
 * the host synchronisations seen by the sync probe, each with its stack.
 
 Evidence that names one cause (a synchronisation with its line, the optimizer's
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from .backends import CaptureError
 from .findings import Code, Finding, Location
-from .probe import SyncEvent, classify, location_of, user_frame
+from .probe import SyncEvent, classify, host_sync_finding, location_of, user_frame
 
 STREAM_WARNING = "AccumulateGrad node's stream does not match"
 # Newer PyTorch raises this from backward instead of letting the capture break.
@@ -104,13 +105,8 @@ def _from_error(error: BaseException) -> _Candidate:
         by_stack = classify(stack, during_capture=True)
         if by_stack is not None and by_stack.code is not Code.HOST_SYNC_IN_CAPTURE:
             return _Candidate(by_stack, True)
-        what = (
-            f"`{where.source}` needs the host to wait for the GPU"
-            if where and where.source
-            else "an operation needs the host to wait for the GPU"
-        )
         # CUDA raises this for any operation it cannot record, not only host waits.
-        return _Candidate(Finding(Code.HOST_SYNC_IN_CAPTURE, what, location=where), False)
+        return _Candidate(host_sync_finding(stack), False)
     if any(marker in text for marker in _CAPTURE_INVALIDATED):
         return _Candidate(
             Finding(Code.CAPTURE_FAILED, f"CUDA invalidated the capture: {head}", location=where),
@@ -125,6 +121,7 @@ def capture_findings(
     syncs: Sequence[SyncEvent] = (),
     *,
     known: Sequence[Finding] = (),
+    accumulators_on_default: bool | None = None,
 ) -> list[Finding]:
     """Every cause the evidence of one failed capture names, most specific first.
 
@@ -133,6 +130,13 @@ def capture_findings(
     `known` the specific findings the caller established by its own means (they come
     first, and win over a finding of the same cause). Never empty: without evidence
     the finding is CAPTURE_FAILED.
+
+    `accumulators_on_default` says whether the gradient accumulators belong to the
+    default stream, where the caller knows (the stream DDP was built on). PyTorch's
+    stream warning fires whenever they belong to another stream than the one backward
+    runs on, which is harmless unless that stream is the default one (a DDP built
+    inside `torch.cuda.stream(s)` and captured on the graph's own stream captures fine):
+    the warning names the cause only when they are, or when nothing says where they are.
     """
     candidates: list[_Candidate] = []
     seen: list[BaseException] = []
@@ -142,7 +146,7 @@ def capture_findings(
                 seen.append(link)
                 candidates.append(_from_error(link))
     warned = [w for w in warnings_seen if STREAM_WARNING in w]
-    if warned:
+    if warned and accumulators_on_default is not False:
         where = next((c.finding.location for c in candidates), None)
         candidates.insert(0, _Candidate(_stream_finding(f"PyTorch warned: {STREAM_WARNING}", where), True))
     for event in syncs:

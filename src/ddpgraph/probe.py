@@ -17,7 +17,6 @@ from __future__ import annotations
 import linecache
 import os
 import sys
-import sysconfig
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
@@ -26,18 +25,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .code_origin import TORCH_DIR as _TORCH_DIR
+from .code_origin import LibraryCall, is_installed_library, is_platform, library_call, under
 from .findings import Code, Finding, Location
+from .library_settings import known_setting
 
 _SYNC_WARNING = "synchronizing CUDA operation"
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_OWN_DIR = os.path.dirname(__file__)
-_STDLIB_DIRS = tuple(
-    {os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
-)
-_SITE_DIRS = tuple(
-    {os.path.abspath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
-    | {os.path.abspath(p) for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
-)
 _DDP_FILE = os.path.join("nn", "parallel", "distributed.py")
 _SCALER_FILES = ("grad_scaler.py",)
 
@@ -45,6 +38,8 @@ _SCALER_FILES = ("grad_scaler.py",)
 @dataclass
 class SyncEvent:
     stack: list[traceback.FrameSummary]
+    # The fix a known setting of the library that synchronised offers (`library_settings`).
+    setting: str | None = None
 
 
 @dataclass
@@ -55,7 +50,7 @@ class ProbeResult:
         """One finding per cause and place; `during_capture` as in `classify`."""
         found: dict[tuple[Code, Location | None], Finding] = {}
         for event in self.events:
-            finding = classify(event.stack, during_capture=during_capture)
+            finding = classify(event.stack, during_capture=during_capture, setting=event.setting)
             if finding is not None:
                 found.setdefault((finding.code, finding.location), finding)
         return list(found.values())
@@ -79,7 +74,7 @@ def host_sync_probe(enabled: bool = True) -> Iterator[ProbeResult]:
 
         def record(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
             if _SYNC_WARNING in str(message):
-                result.events.append(SyncEvent(traceback.extract_stack()[:-1]))
+                result.events.append(SyncEvent(traceback.extract_stack()[:-1], known_setting(sys._getframe(1))))
             else:
                 shown(message, category, filename, lineno, file, line)
 
@@ -91,17 +86,6 @@ def host_sync_probe(enabled: bool = True) -> Iterator[ProbeResult]:
             torch.cuda.set_sync_debug_mode(previous_mode)
 
 
-def _under(path: str, dirs: Sequence[str]) -> bool:
-    return any(path == d or path.startswith(d + os.sep) for d in dirs)
-
-
-def _is_library(path: str) -> bool:
-    """torch, ddpgraph itself, or the standard library (not third-party packages)."""
-    if _under(path, (_TORCH_DIR, _OWN_DIR)):
-        return True
-    return _under(path, _STDLIB_DIRS) and not _under(path, _SITE_DIRS)
-
-
 def user_frame(stack: Sequence[traceback.FrameSummary]) -> traceback.FrameSummary | None:
     """The innermost frame of the user's own code.
 
@@ -110,10 +94,10 @@ def user_frame(stack: Sequence[traceback.FrameSummary]) -> traceback.FrameSummar
     script that calls into a training library is pointed at its own line.
     """
     candidates = [
-        f for f in stack if not f.filename.startswith("<") and not _is_library(os.path.abspath(f.filename))
+        f for f in stack if not f.filename.startswith("<") and not is_platform(f.filename)
     ]
     for frame in reversed(candidates):
-        if not _under(os.path.abspath(frame.filename), _SITE_DIRS):
+        if not is_installed_library(frame.filename):
             return frame
     return candidates[-1] if candidates else None
 
@@ -130,7 +114,9 @@ def user_location(stack: Sequence[traceback.FrameSummary] | None = None) -> Loca
     return location_of(user_frame(traceback.extract_stack() if stack is None else stack))
 
 
-def classify(stack: Sequence[traceback.FrameSummary], *, during_capture: bool = False) -> Finding | None:
+def classify(
+    stack: Sequence[traceback.FrameSummary], *, during_capture: bool = False, setting: str | None = None
+) -> Finding | None:
     """Name the cause of one host synchronisation from the Python stack that made it.
 
     A synchronisation inside DDP's forward is the reducer sampling its runtime
@@ -140,13 +126,13 @@ def classify(stack: Sequence[traceback.FrameSummary], *, during_capture: bool = 
     """
     files = [os.path.abspath(f.filename) for f in stack]
     where = location_of(user_frame(stack))
-    if any(os.path.basename(f) in _SCALER_FILES and _under(f, (_TORCH_DIR,)) for f in files):
+    if any(os.path.basename(f) in _SCALER_FILES and under(f, (_TORCH_DIR,)) for f in files):
         return Finding(
             Code.GRAD_SCALER_IN_CAPTURE,
             "torch.amp.GradScaler reads its found-inf flag on the host in `step`/`update`",
             location=where,
         )
-    innermost_torch = next((f for f in reversed(files) if _under(f, (_TORCH_DIR,))), None)
+    innermost_torch = next((f for f in reversed(files) if under(f, (_TORCH_DIR,))), None)
     if innermost_torch is not None and os.sep + "optim" + os.sep in innermost_torch:
         return Finding(
             Code.OPTIMIZER_NOT_CAPTURABLE,
@@ -163,7 +149,35 @@ def classify(stack: Sequence[traceback.FrameSummary], *, during_capture: bool = 
             "iteration",
             location=where,
         )
-    what = f"`{where.source}` waits for the GPU" if where and where.source else (
-        "an operation waits for the GPU"
+    return host_sync_finding(stack, setting)
+
+
+# What to do about a synchronisation inside a library when no setting of it is known to avoid it.
+LIBRARY_SYNC_FIX = (
+    "this needs no edit of {package}: use `ddpgraph.make_step(..., strategy=\"partial\")`, "
+    "which graphs the submodules that can be and runs the rest eagerly, or "
+    "`strategy=\"auto\"` to let ddpgraph measure and choose"
+)
+
+
+def host_sync_finding(stack: Sequence[traceback.FrameSummary], setting: str | None = None) -> Finding:
+    """HOST_SYNC_IN_CAPTURE for a synchronisation made with `stack`: at the user's line;
+    when the operation that waited is inside an installed library, the chain from the
+    user's line to the library's, and a fix that needs no edit of the library."""
+    user = user_frame(stack)
+    where = location_of(user)
+    call = library_call(stack, user)
+    if call is None:
+        what = f"`{where.source}` waits for the GPU" if where and where.source else "an operation waits for the GPU"
+        return Finding(Code.HOST_SYNC_IN_CAPTURE, what, location=where)
+    return Finding(
+        Code.HOST_SYNC_IN_CAPTURE,
+        _chain(where, call),
+        setting or LIBRARY_SYNC_FIX.format(package=call.package),
+        location=where,
     )
-    return Finding(Code.HOST_SYNC_IN_CAPTURE, what, location=where)
+
+
+def _chain(where: Location | None, call: LibraryCall) -> str:
+    start = f"`{where.source}` ({os.path.basename(where.filename)}:{where.lineno})" if where else "the step"
+    return f"{start} calls into {call.package}, where {call.describe()} waits for the GPU"

@@ -4,10 +4,16 @@ instrumented workers, the merged report and the exit status."""
 from __future__ import annotations
 
 import pytest
+import torch
 
-from doctor_scripts.expect import marked, run_doctor, summary
+from doctor_scripts.expect import expectations, marked, run_doctor, summary
 
 pytestmark = pytest.mark.multiprocess
+
+
+def marked_cpu(name: str) -> int | None:
+    [expected] = expectations(name, gpu=False)
+    return expected.line
 
 
 def test_clean_script_reports_clean_and_passes_arguments() -> None:
@@ -41,3 +47,23 @@ def test_hanging_script_is_stopped_and_each_rank_located() -> None:
         ("SCRIPT_TIMED_OUT", [0], lines[0]),
         ("SCRIPT_TIMED_OUT", [1], lines[1]),
     ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("name", ["portable_graph.py", "cpu_capture_step_portable.py"])
+def test_without_a_gpu_nothing_is_checked_and_the_doctor_says_so(name: str) -> None:
+    # portable_graph.py dies in torch.cuda.CUDAGraph() (the stand-in class of a CPU
+    # build); cpu_capture_step_portable.py runs to the end, its capture_step eagerly.
+    status, report, output = run_doctor(name)
+    assert status == 3, output[-3000:]
+    assert report["status"] == "unchecked"
+    line = marked_cpu(name)
+    assert summary(report) == [("NO_CUDA", [0, 1], line)], report["findings"]
+    assert report["findings"][0]["happened"].startswith("nothing was checked because there is no GPU")
+
+
+def test_a_non_finite_loss_seen_by_ddpgraphs_monitor() -> None:
+    status, report, output = run_doctor("cpu_nan_monitor.py")
+    assert status == 1, output[-3000:]
+    line = marked("cpu_nan_monitor.py")["NON_FINITE_LOSS"][None]
+    assert summary(report) == [("NON_FINITE_LOSS", [0, 1], line)]

@@ -4,6 +4,8 @@ hangs forever. The doctor stops it and reports SCRIPT_TIMED_OUT with rank 1's li
     ddpgraph doctor --nproc 2 --timeout 20 tests/doctor_scripts/cpu_hang.py
 """
 
+# doctor-timeout: 25
+# doctor-ranks: 2
 import datetime
 import time
 

@@ -1,5 +1,14 @@
-"""For the tests: run `ddpgraph doctor --json` on a script here, and read the lines its
-`# doctor: CODE [rank N]` comments mark."""
+"""For the tests: run `ddpgraph doctor --json` on a script here, and read what its
+comments expect.
+
+* `# doctor: CODE [rank N]` marks the line a finding must name on a machine with GPUs
+  (on every rank, or on rank N only); a script without marks must come back clean.
+* `# doctor-cpu: CODE` marks what a machine without a GPU must report instead. A script
+  for the GPU without such a mark must report NO_CUDA there (at any line); a `cpu_`
+  script expects its `# doctor:` marks on either machine.
+* `# doctor-ranks: N`: the expectations need at least N ranks (skipped with fewer).
+* `# doctor-timeout: S`: run the doctor with `--timeout S`.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +17,60 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 _MARK = re.compile(r"#\s*doctor:\s*(?P<code>[A-Z_]+)(?:\s+rank\s+(?P<rank>\d+))?")
+_CPU_MARK = re.compile(r"#\s*doctor-cpu:\s*(?P<code>[A-Z_]+)")
+_RANKS = re.compile(r"#\s*doctor-ranks:\s*(?P<n>\d+)")
+_TIMEOUT = re.compile(r"#\s*doctor-timeout:\s*(?P<s>\d+)")
+NOT_SCRIPTS = ("common.py", "expect.py", "score.py")
+DEFAULT_TIMEOUT = 240.0
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A finding a script must get: its code, the rank (None: every rank) and the line
+    (None: any line) it must name."""
+
+    code: str
+    rank: int | None
+    line: int | None
+
+
+def all_scripts() -> list[str]:
+    return sorted(p.name for p in HERE.glob("*.py") if p.name not in NOT_SCRIPTS)
+
+
+def expectations(name: str, *, gpu: bool) -> list[Expected]:
+    """What `ddpgraph doctor` must report for script `name` on a machine with GPUs, or on
+    one without (`gpu=False`)."""
+    text = script(name).read_text().splitlines()
+    if not gpu:
+        cpu = [Expected(m["code"], None, n) for n, line in enumerate(text, 1) if (m := _CPU_MARK.search(line))]
+        if cpu:
+            return cpu
+        if not name.startswith("cpu_"):
+            return [Expected("NO_CUDA", None, None)]
+    return [
+        Expected(code, rank, line) for code, lines in marked(name).items() for rank, line in lines.items()
+    ]
+
+
+def _directive(name: str, pattern: re.Pattern[str]) -> str | None:
+    match = pattern.search(script(name).read_text())
+    return next(iter(match.groupdict().values())) if match else None
+
+
+def ranks_needed(name: str) -> int:
+    return int(_directive(name, _RANKS) or 1)
+
+
+def doctor_timeout(name: str) -> float:
+    return float(_directive(name, _TIMEOUT) or DEFAULT_TIMEOUT)
 
 
 def script(name: str) -> Path:

@@ -10,6 +10,7 @@ CAPTURE_RANKS_DISAGREE for the rank that did not capture.
     ddpgraph doctor --nproc 2 tests/doctor_scripts/ranks_disagree.py
 """
 
+# doctor-ranks: 2
 import torch
 from common import BATCH, batch, make_model, setup, side_stream_ddp, teardown, train_step, warm_up
 
@@ -25,7 +26,7 @@ def main() -> None:
 
     g = torch.cuda.CUDAGraph()
     if use_graph:
-        with torch.cuda.graph(g, stream=s):  # doctor: CAPTURE_RANKS_DISAGREE
+        with torch.cuda.graph(g, stream=s):  # doctor: CAPTURE_RANKS_DISAGREE rank 1
             static_loss = train_step(ddp, opt, static_x, static_y)
         g.replay()  # recording ran nothing: this applies the captured step
     else:

@@ -300,10 +300,26 @@ def test_copying_a_short_batch_into_a_captured_input() -> None:
     s = Setup()
     s.warm_up(11)
     s.capture()
+    short = torch.randn(2, 4)
     try:
-        s.x.copy_(torch.randn(2, 4))
+        s.x.copy_(short)
     except RuntimeError as err:
+        s.rec.failed_write(s.x, short, tuple(s.x.shape), err, REPLAY_AT)
         s.rec.script_error(err)
     [finding] = s.rec.findings
     assert finding.code is Code.STATIC_INPUT_CHANGED
-    assert finding.location is not None and "s.x.copy_(" in finding.location.source
+    assert finding.location == REPLAY_AT
+    assert "shape 2x4" in finding.happened and "3x4 expected" in finding.happened
+
+
+def test_a_failed_copy_into_another_tensor_is_not_a_static_input_change() -> None:
+    s = Setup()
+    s.warm_up(11)
+    s.capture()
+    history = torch.zeros(3)
+    try:
+        history.copy_(torch.ones(5))
+    except RuntimeError as err:
+        s.rec.failed_write(history, torch.ones(5), (3,), err, REPLAY_AT)
+        s.rec.script_error(err)
+    assert s.codes() == [Code.SCRIPT_FAILED]

@@ -27,9 +27,11 @@ CAPTURE_AT = Location("train.py", 30, "with torch.cuda.graph(g, stream=s):")
 
 
 def record(rank: int, status: RankStatus = RankStatus.FINISHED, findings: list[Finding] | None = None,
-           captured: int = 1, replays: int = 10) -> RankRecord:
+           captured: int = 1, replays: int = 10, steps: int | None = None) -> RankRecord:
+    """`steps`: the DDP gradient synchronisations (default: 11 warm-up ones, then one per replay)."""
     counts = GraphCounts(captured, 0, replays, CAPTURE_AT if captured else None)
-    return RankRecord(rank, 2, 100 + rank, status, 0, findings or [], counts, GraphCounts(**vars(counts)))
+    synced = 11 + replays if steps is None else steps
+    return RankRecord(rank, 2, 100 + rank, status, 0, findings or [], counts, GraphCounts(**vars(counts)), synced)
 
 
 def result(*records: RankRecord, exit_code: int = 0, timed_out: bool = False,
@@ -69,16 +71,27 @@ def test_clean_run_has_no_findings_and_exit_zero() -> None:
 
 
 def test_ranks_that_captured_differently_disagree() -> None:
-    finding = ranks_disagree([record(0, captured=1, replays=11), record(1, captured=0, replays=0)])
+    # Even where the collectives happened to pair (the rank without a graph ran eagerly).
+    finding = ranks_disagree([record(0, captured=1, replays=11), record(1, captured=0, replays=0, steps=22)])
     assert finding is not None and finding.code is Code.CAPTURE_RANKS_DISAGREE
     assert finding.ranks == (1,)
     assert finding.location == CAPTURE_AT
-    assert "rank 0: 1 capture, 11 replays; rank 1: 0 captures, 0 replays" in finding.happened
+    assert (
+        "rank 0: 1 capture, 11 replays, 22 gradient synchronisations; "
+        "rank 1: 0 captures, 0 replays, 22 gradient synchronisations" in finding.happened
+    )
 
 
-def test_ranks_that_replayed_differently_disagree() -> None:
+def test_ranks_that_synchronised_gradients_differently_disagree() -> None:
     finding = ranks_disagree([record(0, replays=10), record(1, replays=9)])
     assert finding is not None and finding.ranks == (1,)
+    assert "21 gradient synchronisations" in finding.happened and "20 gradient" in finding.happened
+
+
+def test_an_eager_step_on_one_rank_where_another_replayed_is_no_disagreement() -> None:
+    # capture_step runs a batch its graph cannot serve eagerly, on that rank only: one
+    # replay fewer there, one eager gradient synchronisation more, and the all-reduces pair.
+    assert ranks_disagree([record(0, replays=10), record(1, replays=9, steps=21)]) is None
 
 
 def test_agreeing_ranks_do_not_disagree() -> None:
@@ -154,5 +167,5 @@ def test_json_report_schema() -> None:
     assert finding["location"] == {"file": "train.py", "line": 12, "source": "loss.item()"}
     assert finding["ranks"] == [0, 1]
     assert set(data["ranks"][0]) == {"rank", "status", "exit_code", "captures", "failed_captures", "replays",
-                                     "ddp_captures", "ddp_replays", "doctor_errors"}
+                                     "ddp_captures", "ddp_replays", "collective_steps", "doctor_errors"}
     json.dumps(data)

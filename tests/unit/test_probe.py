@@ -46,11 +46,11 @@ def test_user_frame_skips_torch_stdlib_and_generated_code() -> None:
 
 
 def test_user_frame_prefers_own_code_to_third_party_packages() -> None:
-    import ddpgraph.probe as probe
+    from ddpgraph.code_origin import SITE_DIRS
 
-    if not probe._SITE_DIRS:
+    if not SITE_DIRS:
         pytest.skip("no site-packages folder on this interpreter")
-    library = frame(os.path.join(probe._SITE_DIRS[0], "somelib", "trainer.py"), 7)
+    library = frame(os.path.join(SITE_DIRS[0], "somelib", "trainer.py"), 7)
     assert user_frame(stack(USER, library)) is USER
     assert user_frame(stack(library)) is library
 

@@ -8,7 +8,8 @@ The script runs unmodified under torchrun, with PyTorch instrumented before it s
 (CUDA graph capture and replay, DDP, optimizers, load_state_dict). When it finishes or
 fails, the doctor prints each problem once with the ranks it happened on, the line of
 the script it concerns, and the fix. Exit status: 0 when nothing was found, 1 when
-findings were reported, 2 for a usage error.
+findings were reported, 2 for a usage error, 3 when nothing could be checked because
+there is no GPU (the only finding is NO_CUDA; docs/doctor.md).
 """
 
 from __future__ import annotations

@@ -3,21 +3,25 @@
 A failed capture is explained by this rank's own evidence first (a DDP model built on the
 default stream, a DDP forward recorded before the reducer was ready), then by the shared
 diagnosis of `ddpgraph.diagnose` (host syncs, the errors' text), which `capture_step`
-uses as well.
+uses as well. An error that ended the script is a NO_CUDA where CUDA raised it on a
+machine without a GPU, the error's own code where ddpgraph raised it, a
+STATIC_INPUT_CHANGED where a write into a graph's input raised it (the instrumentation
+saw the write), and SCRIPT_FAILED otherwise.
 """
 
 from __future__ import annotations
 
+import os
+import traceback
 from collections.abc import Sequence
 
-from ..diagnose import capture_findings, error_location, first_line
-from ..findings import Code, Finding
+from ..code_origin import TORCH_DIR, under
+from ..diagnose import capture_findings, error_chain, error_location, first_line
+from ..errors import DdpGraphError
+from ..findings import Code, Finding, Location
 from ..probe import SyncEvent
 from ..warmup import MIN_WARMUP_ITERATIONS, is_capturable_forward, steps_until_capturable
-from .observed import DdpForward, Graph
-
-# Texts of PyTorch's errors for a copy between tensors of different shapes.
-_SHAPE_MISMATCH = ("must match the size", "match the broadcast shape", "size mismatch")
+from .observed import DdpForward, DdpModel, Graph
 
 
 def capture_failure_findings(
@@ -25,7 +29,8 @@ def capture_failure_findings(
 ) -> list[Finding]:
     """What made the capture of `graph` raise `errors`."""
     known: list[Finding] = []
-    for ddp in {id(f.ddp): f.ddp for f in graph.forwards}.values():
+    ddps = list({id(f.ddp): f.ddp for f in graph.forwards}.values())
+    for ddp in ddps:
         if ddp.built_on is not None and ddp.built_on.is_default:
             known.append(
                 Finding(
@@ -46,12 +51,37 @@ def capture_failure_findings(
         if finding is not None:
             known.append(finding)
             break
-    return capture_findings(errors, graph.warnings, syncs, known=known)
+    return capture_findings(
+        errors, graph.warnings, syncs, known=known, accumulators_on_default=_accumulators_on_default(graph, ddps)
+    )
 
 
-def script_error_finding(error: BaseException, captured_any: bool) -> Finding:
-    """The finding for an error (or `sys.exit`) that ended the script."""
+def _accumulators_on_default(graph: Graph, ddps: list[DdpModel]) -> bool | None:
+    """Whether the gradient accumulators the capture's backward reached belong to the
+    default stream: a DDP model's to the stream it was built on (its reducer holds them
+    from construction on); without DDP, a model's to the stream of its first backward."""
+    streams = [d.built_on for d in ddps] if ddps else [graph.backward_stream]
+    if any(s is None for s in streams):
+        return None
+    return any(s is not None and s.is_default for s in streams)
+
+
+def script_error_finding(
+    error: BaseException, *, input_write: Finding | None = None, needs_gpu: bool = False
+) -> Finding:
+    """The finding for an error (or `sys.exit`) that ended the script.
+
+    `input_write` is the finding the instrumentation made when this error was raised by
+    a write into a graph's input; `needs_gpu` says that it was raised by CUDA on a
+    machine without one.
+    """
     where = error_location(error)
+    if needs_gpu:
+        return no_gpu_finding(f"`{where.source}` needs CUDA ({first_line(error)})" if where else first_line(error), where)
+    if isinstance(error, DdpGraphError):
+        # ddpgraph's own errors carry their cause and a stable code.
+        found = error.finding
+        return Finding(found.code, found.happened, found.fix, found.subject, found.location or where)
     if isinstance(error, SystemExit):
         return Finding(
             Code.SCRIPT_FAILED,
@@ -59,18 +89,32 @@ def script_error_finding(error: BaseException, captured_any: bool) -> Finding:
             subject="`sys.exit`",
             location=where,
         )
-    text = str(error)
-    copying = where is not None and ".copy_(" in where.source
-    if captured_any and copying and any(m in text for m in _SHAPE_MISMATCH):
-        return Finding(
-            Code.STATIC_INPUT_CHANGED,
-            f"a batch of another shape was copied into a captured input: {first_line(error)}",
-            "a graph replays fixed shapes: keep every batch the same shape (for example "
-            "`drop_last=True` in the DataLoader) or run the odd batch eagerly",
-            subject="static input `copy_`",
-            location=where,
-        )
+    if input_write is not None:
+        return input_write
     return Finding(Code.SCRIPT_FAILED, first_line(error), location=where)
+
+
+def no_gpu_finding(what: str, where: Location | None) -> Finding:
+    """NO_CUDA, said plainly: the doctor checked nothing, because there is no GPU."""
+    return Finding(
+        Code.NO_CUDA,
+        f"nothing was checked because there is no GPU: torch.cuda.is_available() is False "
+        f"here, and {what}",
+        "run `ddpgraph doctor` on a machine with an NVIDIA GPU and a CUDA build of PyTorch",
+        subject="CUDA",
+        location=where,
+    )
+
+
+def raised_by_cuda(error: BaseException) -> bool:
+    """Whether `error`, or one it was raised while handling, came out of `torch.cuda`
+    (its lazy initialisation, a stream, a graph: all fail there without a GPU)."""
+    cuda_dir = os.path.join(TORCH_DIR, "cuda")
+    for link in error_chain(error):
+        stack = traceback.extract_tb(link.__traceback__) if link.__traceback__ else []
+        if any(under(os.path.abspath(f.filename), (cuda_dir,)) for f in stack):
+            return True
+    return False
 
 
 def _warmup_finding(forward: DdpForward, graph: Graph) -> Finding | None:

@@ -3,7 +3,10 @@
 Each wrapper calls the original and reports an event to the `Recorder`. Outside a
 capture the cost is a few attribute look-ups per DDP forward, backward, optimizer step
 and replay; the expensive work (the host-sync probe, the scan for the tensors that exist
-before a capture) happens only while a graph is being recorded. A failure inside the
+before a capture) happens only while a graph is being recorded. Writes into tensors
+(`copy_`, `x[...] = y`) are watched only once a graph with inputs was captured, and only
+when they raise. ddpgraph's own decisions are watched where ddpgraph makes them (giving
+up a capture, a call its graph cannot serve, a non-finite loss). A failure inside the
 doctor's own bookkeeping is recorded and never changes what the script does.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib
 import sys
 import traceback
 import warnings
@@ -19,6 +23,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -26,6 +31,9 @@ from ..ddp import model_device
 from ..probe import ProbeResult, host_sync_probe, user_location
 from .observed import StreamInfo, storage_key
 from .recorder import Recorder
+
+# ddpgraph's modules whose decisions the doctor reports (imported before the script runs).
+_DDPGRAPH_MODULES = ("ddpgraph.replay", "ddpgraph.capture", "ddpgraph.evaluation", "ddpgraph.monitor")
 
 
 class Instrumentation:
@@ -37,6 +45,7 @@ class Instrumentation:
         self._graph: Any = None
         self._handling_at_begin: BaseException | None = None
         self._undo: list[Callable[[], None]] = []
+        self._watching_writes = False
 
     # ------------------------------------------------------------------ safety
     def _safely(self, what: str, fn: Callable[[], None]) -> None:
@@ -57,8 +66,12 @@ class Instrumentation:
             (torch.optim.Optimizer, "load_state_dict", self._load_state_dict),
             (torch.nn.Module, "load_state_dict", self._load_state_dict),
             (torch.autograd, "backward", self._backward),
+            (dist, "init_process_group", self._init_process_group),
         ):
             self._undo.append(_wrap(owner, name, wrapper))
+        # ddpgraph's internals may move; a hook that cannot be placed is one of the
+        # doctor's own errors (in the report), never the script's.
+        self._safely("watching ddpgraph", self._watch_ddpgraph)
         self._undo.append(register_optimizer_step_pre_hook(self._optimizer_step).remove)
         shown = warnings.showwarning
 
@@ -72,6 +85,77 @@ class Instrumentation:
             warnings.showwarning = shown
 
         self._undo.append(restore_showwarning)
+
+    def _watch_ddpgraph(self) -> None:
+        modules = [importlib.import_module(name) for name in _DDPGRAPH_MODULES]
+        replay, monitor = modules[0], modules[-1]
+        gave_up = replay.fall_back
+        for module in [m for name, m in list(sys.modules.items()) if name.startswith("ddpgraph.")]:
+            if getattr(module, "fall_back", None) is gave_up:
+                self._undo.append(_wrap(module, "fall_back", self._fall_back))
+        self._undo.append(_wrap(replay.UnservedCalls, "admit", self._admit))
+        self._undo.append(_wrap(monitor, "nonfinite_finding", self._nonfinite))
+
+    def _fall_back(self, original: Callable[..., Any], finding: Any, *args: Any, **kwargs: Any) -> Any:
+        where = user_location()
+        self._safely("ddpgraph fall_back", lambda: self.recorder.ddpgraph_gave_up(finding, where))
+        return original(finding, *args, **kwargs)
+
+    def _admit(self, original: Callable[..., Any], unserved: Any, finding: Any, *args: Any, **kwargs: Any) -> Any:
+        where = user_location()
+        self._safely("ddpgraph unserved call", lambda: self.recorder.unserved_call(finding, where))
+        return original(unserved, finding, *args, **kwargs)
+
+    def _nonfinite(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        finding = original(*args, **kwargs)
+        where = user_location()
+        self._safely("non-finite loss", lambda: self.recorder.nonfinite(finding, where))
+        return finding
+
+    def _init_process_group(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except Exception as exc:
+            backend = str(kwargs.get("backend", args[0] if args else "") or "")
+            if "nccl" in backend.lower() and not torch.cuda.is_available():
+                self.recorder.cuda_error(exc)
+            raise
+
+    # ------------------------------------------------------------------ writes
+    def _watch_writes(self) -> None:
+        """From the first capture with inputs on: a write that raises is reported."""
+        if self._watching_writes or not self.recorder.has_graph_inputs:
+            return
+        self._watching_writes = True
+        self._undo.append(_wrap(torch.Tensor, "copy_", self._copy))
+        self._undo.append(_wrap(torch.Tensor, "__setitem__", self._setitem))
+
+    def _copy(self, original: Callable[..., Any], target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(target, *args, **kwargs)
+        except Exception as exc:
+            src = args[0] if args else kwargs.get("other", kwargs.get("src"))
+            self._failed_write(target, src, lambda: tuple(target.shape), exc)
+            raise
+
+    def _setitem(self, original: Callable[..., Any], target: torch.Tensor, index: Any, value: Any) -> Any:
+        try:
+            return original(target, index, value)
+        except Exception as exc:
+            self._failed_write(target, value, lambda: tuple(target[index].shape), exc)
+            raise
+
+    def _failed_write(self, target: torch.Tensor, value: Any, shape: Callable[[], tuple[int, ...]], exc: BaseException) -> None:
+        where = user_location()
+
+        def record() -> None:
+            try:
+                written: tuple[int, ...] | None = shape()
+            except Exception:  # an index that fails on its own
+                written = None
+            self.recorder.failed_write(target, value, written, exc, where)
+
+        self._safely("failed write", record)
 
     def uninstall(self) -> None:
         """Put back what `install` replaced (the worker never needs to; tests do)."""
@@ -106,6 +190,7 @@ class Instrumentation:
             self._finish(graph, [*errors, exc])
             raise
         self._finish(graph, errors)
+        self._safely("watching writes", self._watch_writes)
         return result
 
     def _finish(self, graph: Any, errors: list[BaseException]) -> None:
@@ -142,7 +227,7 @@ class Instrumentation:
 
     def _backward(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
-        self._safely("backward", self.recorder.backward)
+        self._safely("backward", lambda: self.recorder.backward(_current_stream()))
         return result
 
     def _optimizer_init(self, original: Callable[..., Any], opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:

@@ -68,6 +68,9 @@ class Graph:
     number: int
     location: Location | None
     stream: StreamInfo | None
+    # The stream of the script's first backward before this capture: where the gradient
+    # accumulators of a model without DDP were made.
+    backward_stream: StreamInfo | None = None
     preexisting: set[int] = field(default_factory=set)  # storages alive when it began
     forwards: list[DdpForward] = field(default_factory=list)
     optimizers: list[weakref.ref[Optimizer]] = field(default_factory=list)
@@ -90,6 +93,10 @@ class Graph:
 
     def where(self) -> str:
         return f"graph {self.number}" + (f" (captured at {self.location})" if self.location else "")
+
+    def input_named(self, key: int) -> GraphInput | None:
+        """The input whose storage is `key` (a view of an input shares it), if any."""
+        return next((i for i in self.inputs if (t := i.tensor()) is not None and storage_key(t) == key), None)
 
     def input_versions(self) -> tuple[int, ...]:
         """The inputs' version counters: an in-place write (`copy_`) bumps them."""

@@ -11,7 +11,13 @@ each replay), so the rules can be tested by driving the events directly, without
   tensors from before the capture its DDP forwards read (its inputs);
 * a replay: whether hyper-parameters held as Python numbers changed since the capture,
   whether state the graph reads was replaced by `load_state_dict`, whether the inputs
-  were written since the previous replay.
+  were written since the previous replay;
+* a write into a tensor that raised (after a capture): whether the tensor is a graph's
+  input, so that a batch of another shape is told from any other failed copy;
+* ddpgraph's own decisions (a captured step that gave up, a call its graph could not
+  serve, a non-finite loss), each with the finding ddpgraph made;
+* the DDP gradient synchronisations this rank ran, eagerly or replayed, which the
+  report compares between ranks.
 
 Silent findings (a replay that cannot do what the script expects) are reported at the
 first replay that shows them.
@@ -27,10 +33,15 @@ import torch
 from torch.optim import Optimizer
 
 from ..diagnose import error_chain
-from ..findings import Finding, Location
+from ..findings import Code, Finding, Location
 from ..probe import SyncEvent
 from . import replay_rules
-from .failure_rules import capture_failure_findings, script_error_finding
+from .failure_rules import (
+    capture_failure_findings,
+    no_gpu_finding,
+    raised_by_cuda,
+    script_error_finding,
+)
 from .observed import DdpForward, DdpModel, Graph, GraphInput, StateLoad, StreamInfo, storage_key
 from .records import GraphCounts, RankRecord, RankStatus
 
@@ -58,6 +69,14 @@ class Recorder:
         self._graph_count = 0
         self._loads: list[StateLoad] = []
         self._diagnosed: list[BaseException] = []
+        # DDP gradient synchronisations run: eager iterations, plus the DDP forwards
+        # each replay repeats. Ranks whose counts agree paired every all-reduce.
+        self.collective_steps = 0
+        self._backward_stream: StreamInfo | None = None
+        self._failed_writes: list[tuple[BaseException, Finding]] = []
+        self._cuda_errors: list[BaseException] = []
+        # Calls of a ddpgraph step that its graph could not serve, by code: (count, first).
+        self._unserved: dict[Code, tuple[int, Finding]] = {}
 
     # ------------------------------------------------------------------ state
     @property
@@ -83,6 +102,7 @@ class Recorder:
             findings=list(self.findings),
             graphs=GraphCounts(**vars(self.counts)),
             ddp_graphs=GraphCounts(**vars(self.ddp_counts)),
+            collective_steps=self.collective_steps,
         )
 
     def add(self, finding: Finding) -> None:
@@ -116,11 +136,16 @@ class Recorder:
             graph.module_refs.append(weakref.ref(module))
         self._track_inputs(graph, args)
 
-    def backward(self) -> None:
+    def backward(self, stream: StreamInfo | None = None) -> None:
+        """A backward ran, on `stream` (the current CUDA stream, None off CUDA)."""
+        if self._capturing is None and self._backward_stream is None:
+            self._backward_stream = stream
         for ddp in self._ddps.values():
             if ddp.awaiting_backward:
                 ddp.iterations += 1
                 ddp.awaiting_backward = False
+                if self._capturing is None:
+                    self.collective_steps += 1
 
     def optimizer_built(self, optimizer: Optimizer, location: Location | None) -> None:
         self._optimizers_built[optimizer] = location
@@ -148,7 +173,7 @@ class Recorder:
         self._graph_count += 1
         # Only DDP forwards' inputs are tracked: the scan is skipped without DDP.
         preexisting = live_storages() if self.has_ddp else set()
-        self._capturing = Graph(self._graph_count, location, stream, preexisting)
+        self._capturing = Graph(self._graph_count, location, stream, self._backward_stream, preexisting)
         self._graphs[graph] = self._capturing
 
     def capture_end(
@@ -196,6 +221,7 @@ class Recorder:
             return
         info.replays += 1
         self.counts.replays += 1
+        self.collective_steps += len(info.forwards)
         if info.has_ddp:
             self.ddp_counts.replays += 1
         new_loads = self._loads[info.loads_checked :]
@@ -209,10 +235,106 @@ class Recorder:
             if finding is not None:
                 self.add(finding)
 
+    # ------------------------------------------------------------------ writes
+    @property
+    def has_graph_inputs(self) -> bool:
+        return any(g.inputs for g in self._graphs.values())
+
+    def failed_write(
+        self, target: torch.Tensor, value: Any, written_shape: tuple[int, ...] | None, error: BaseException, where: Location | None
+    ) -> None:
+        """Writing `value` into `target` (into its part of shape `written_shape`) raised
+        `error`: a STATIC_INPUT_CHANGED if `target` is a captured graph's input and
+        `value` a tensor of another shape than the part written."""
+        key = storage_key(target)
+        if key is None or not isinstance(value, torch.Tensor) or written_shape is None:
+            return
+        if tuple(value.shape) == tuple(written_shape):
+            return
+        for graph in self._graphs.values():
+            found = graph.input_named(key) if graph.versions is not None else None
+            if found is None:
+                continue
+            shape = "x".join(str(s) for s in value.shape) or "scalar"
+            self._failed_writes.append(
+                (
+                    error,
+                    Finding(
+                        Code.STATIC_INPUT_CHANGED,
+                        f"a tensor of shape {shape} was written into {found.label}, an input "
+                        f"of {graph.where()}, where it does not fit "
+                        f"({'x'.join(str(s) for s in written_shape) or 'scalar'} expected)",
+                        "a graph replays the shapes it was captured with: keep every batch the "
+                        "same shape (`drop_last=True` in the DataLoader) and run an odd batch "
+                        "eagerly, or capture one graph per shape",
+                        subject="graph input",
+                        location=where,
+                    ),
+                )
+            )
+            return
+
+    # ------------------------------------------------------------------ ddpgraph's own steps
+    def ddpgraph_gave_up(self, finding: Finding, where: Location | None) -> None:
+        """A ddpgraph step stopped capturing, for `finding` (agreed by every rank)."""
+        if finding.code is Code.NO_CUDA:
+            self.add(no_gpu_finding("the ddpgraph step here ran every call eagerly, capturing nothing", where))
+            return
+        if any(f.code is finding.code for f in self.findings):
+            return  # the failed capture itself was diagnosed here already
+        self.add(Finding(finding.code, finding.happened, finding.fix, finding.subject, finding.location or where))
+
+    def unserved_call(self, finding: Finding, where: Location | None) -> None:
+        """A call a ddpgraph step's graph could not serve ran eagerly."""
+        previous = self._unserved.get(finding.code)
+        first = previous[1] if previous else Finding(
+            finding.code, finding.happened, finding.fix, finding.subject, finding.location or where
+        )
+        self._unserved[finding.code] = ((previous[0] if previous else 0) + 1, first)
+        if finding.code is Code.MODEL_MODE_CHANGED:
+            self.add(first)
+
+    def nonfinite(self, finding: Finding, where: Location | None) -> None:
+        self.add(Finding(finding.code, finding.happened, finding.fix, finding.subject, where))
+
+    def cuda_error(self, error: BaseException) -> None:
+        """`error` came from asking for CUDA (an NCCL process group) without a GPU."""
+        self._cuda_errors.append(error)
+
     # ------------------------------------------------------------------ the script's end
+    def script_ended(self) -> None:
+        """Findings that need the whole run: a captured step whose graph served fewer
+        calls than ran eagerly because their inputs changed gains nothing from it."""
+        entry = self._unserved.get(Code.INPUT_SIGNATURE_CHANGED)
+        if entry is None:
+            return
+        count, first = entry
+        replays = self.counts.replays
+        if count > replays:
+            self.add(
+                Finding(
+                    first.code,
+                    f"{count} calls ran eagerly because their inputs differed from the captured "
+                    f"ones, and the graph replayed {replays} times; the first: "
+                    f"{first.happened}",
+                    "give every call the captured shapes (pad variable lengths to a few fixed "
+                    "sizes, `drop_last=True`), or use `ddpgraph.make_step(..., "
+                    "strategy=\"partial\")` or `torch.compile`, which handle changing shapes",
+                    first.subject,
+                    first.location,
+                )
+            )
+
     def script_error(self, error: BaseException) -> None:
         """The script raised `error` out of its top level (or exited with it)."""
         chain = error_chain(error)
         if any(link is seen for link in chain for seen in self._diagnosed):
             return  # the failed capture it came from is reported
-        self.add(script_error_finding(error, captured_any=self.counts.captured > 0))
+        code = getattr(getattr(error, "finding", None), "code", None)
+        if code is not None and any(f.code is code for f in self.findings):
+            return  # ddpgraph's error for a decision reported when it was made
+        write = next((f for e, f in self._failed_writes for link in chain if link is e), None)
+        no_gpu = not torch.cuda.is_available() and (
+            raised_by_cuda(error) or any(link is e for link in chain for e in self._cuda_errors)
+        )
+        self.add(script_error_finding(error, input_write=write, needs_gpu=no_gpu))

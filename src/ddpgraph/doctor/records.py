@@ -48,6 +48,8 @@ class RankRecord:
     # All graphs, and the DDP graphs that must agree between ranks.
     graphs: GraphCounts = field(default_factory=GraphCounts)
     ddp_graphs: GraphCounts = field(default_factory=GraphCounts)
+    # DDP gradient synchronisations run, eagerly or replayed (see `Recorder`).
+    collective_steps: int = 0
     # Failures of the doctor's own bookkeeping (never of the script).
     doctor_errors: list[str] = field(default_factory=list)
 
@@ -61,6 +63,7 @@ class RankRecord:
             "findings": [finding_to_json(f) for f in self.findings],
             "graphs": _counts_to_json(self.graphs),
             "ddp_graphs": _counts_to_json(self.ddp_graphs),
+            "collective_steps": self.collective_steps,
             "doctor_errors": list(self.doctor_errors),
         }
 
@@ -75,6 +78,7 @@ class RankRecord:
             findings=[finding_from_json(f) for f in data.get("findings", [])],
             graphs=_counts_from_json(data.get("graphs", {})),
             ddp_graphs=_counts_from_json(data.get("ddp_graphs", {})),
+            collective_steps=int(data.get("collective_steps", 0)),
             doctor_errors=[str(e) for e in data.get("doctor_errors", [])],
         )
 

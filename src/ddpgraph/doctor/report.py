@@ -10,7 +10,11 @@ JSON schema `ddpgraph.doctor.report/1` (docs/doctor.md describes each field)::
      "findings": [{"code", "title", "subject", "happened", "fix",
                    "location": {"file", "line", "source"} | null, "ranks": [int]}],
      "ranks": [{"rank", "status", "exit_code", "captures", "failed_captures",
-                "replays", "ddp_captures", "ddp_replays", "doctor_errors": [str]}]}
+                "replays", "ddp_captures", "ddp_replays", "collective_steps",
+                "doctor_errors": [str]}]}
+
+`status` is "unchecked" (exit status 3) when the only findings are NO_CUDA: without a
+GPU the doctor could check nothing the script does with CUDA graphs.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .records import RankRecord, RankStatus, finding_to_json
 from .run import RunResult
 
 SCHEMA = "ddpgraph.doctor.report/1"
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNCHECKED = 0, 1, 3
 _DONE = (RankStatus.FINISHED, RankStatus.FAILED)
 
 
@@ -43,13 +48,24 @@ class DoctorReport:
     findings: list[Finding]
 
     @property
+    def unchecked(self) -> bool:
+        """Nothing could be checked: the only findings say there is no GPU."""
+        return bool(self.findings) and all(f.code is Code.NO_CUDA for f in self.findings)
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.findings else 0
+        if self.unchecked:
+            return EXIT_UNCHECKED
+        return EXIT_FINDINGS if self.findings else EXIT_CLEAN
+
+    @property
+    def status(self) -> str:
+        return "unchecked" if self.unchecked else "findings" if self.findings else "clean"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
-            "status": "findings" if self.findings else "clean",
+            "status": self.status,
             "exit_code": self.exit_code,
             "script": self.script,
             "args": self.args,
@@ -116,23 +132,30 @@ def _timed_out(timeout_s: float, where: Location | None) -> Finding:
 
 
 def ranks_disagree(records: list[RankRecord]) -> Finding | None:
-    """CAPTURE_RANKS_DISAGREE when ranks captured or replayed DDP graphs different numbers
-    of times: their collectives no longer pair up."""
-    counts = {r.rank: (r.ddp_graphs.captured, r.ddp_graphs.replays) for r in records}
-    if len(set(counts.values())) <= 1:
+    """CAPTURE_RANKS_DISAGREE when ranks captured DDP graphs different numbers of times, or
+    ran different numbers of DDP gradient synchronisations: their collectives no longer
+    pair up. Ranks that replayed different numbers of times but synchronised alike are
+    not told apart: a step ran eagerly on one rank where another replayed (what
+    `capture_step` does for a batch its graph cannot serve), and the eager all-reduce
+    paired with the replayed one."""
+    captures = {r.rank: r.ddp_graphs.captured for r in records}
+    steps = {r.rank: r.collective_steps for r in records}
+    if len(set(captures.values())) <= 1 and len(set(steps.values())) <= 1:
         return None
-    most_captures = max(c for c, _ in counts.values())
-    behind = [rank for rank, (c, _) in counts.items() if c < most_captures]
+    counts = {r.rank: (captures[r.rank], r.ddp_graphs.replays, steps[r.rank]) for r in records}
+    most_captures = max(captures.values())
+    behind = [rank for rank, c in captures.items() if c < most_captures]
     if not behind:
-        most_replays = max(n for _, n in counts.values())
-        behind = [rank for rank, (_, n) in counts.items() if n < most_replays]
-    groups: dict[tuple[int, int], list[int]] = {}
-    for rank, pair in counts.items():
-        groups.setdefault(pair, []).append(rank)
+        most_steps = max(steps.values())
+        behind = [rank for rank, n in steps.items() if n < most_steps]
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for rank, triple in counts.items():
+        groups.setdefault(triple, []).append(rank)
     told = "; ".join(
         f"rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)}: "
-        f"{c} capture{'' if c == 1 else 's'}, {n} replay{'' if n == 1 else 's'}"
-        for (c, n), ranks in groups.items()
+        f"{c} capture{'' if c == 1 else 's'}, {n} replay{'' if n == 1 else 's'}, "
+        f"{k} gradient synchronisation{'' if k == 1 else 's'}"
+        for (c, n, k), ranks in groups.items()
     )
     where = next(
         (r.ddp_graphs.capture_location for r in records if r.ddp_graphs.captured == most_captures),
@@ -140,8 +163,8 @@ def ranks_disagree(records: list[RankRecord]) -> Finding | None:
     )
     return Finding(
         Code.CAPTURE_RANKS_DISAGREE,
-        f"the ranks captured and replayed DDP graphs a different number of times ({told}); "
-        "a replay's all-reduce then pairs with another rank's eager one, or waits forever",
+        f"the ranks captured DDP graphs or synchronised gradients a different number of times "
+        f"({told}); a replay's all-reduce then pairs with another rank's eager one, or waits forever",
         subject="capture and replay",
         location=where,
         ranks=tuple(sorted(behind)),
@@ -158,6 +181,7 @@ def _rank_json(r: RankRecord) -> dict[str, Any]:
         "replays": r.graphs.replays,
         "ddp_captures": r.ddp_graphs.captured,
         "ddp_replays": r.ddp_graphs.replays,
+        "collective_steps": r.collective_steps,
         "doctor_errors": r.doctor_errors,
     }
 
@@ -211,7 +235,11 @@ def render(report: DoctorReport, console: Console) -> None:
     run = report.run
     head = f"ddpgraph doctor: {name} on {report.nproc} rank{'s' if report.nproc != 1 else ''}, {run.elapsed_s:.1f} s"
     console.print(Text(head, style="bold"))
-    if report.findings:
+    if report.unchecked:
+        console.print(Group(*(_finding_panel(f) for f in report.findings)))
+        console.print(_ranks_table(run.records))
+        console.print(Text("Nothing was checked because there is no GPU.", style="bold yellow"))
+    elif report.findings:
         count = len(report.findings)
         console.print(Group(*(_finding_panel(f) for f in report.findings)))
         console.print(_ranks_table(run.records))

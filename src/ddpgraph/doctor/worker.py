@@ -69,6 +69,7 @@ class Worker:
         os._exit(code)
 
     def _finish(self, status: RankStatus, exit_code: int) -> None:
+        self.recorder.script_ended()
         for finding in installed_version_findings():
             self.recorder.add(finding)
         self._ended = (status, exit_code)

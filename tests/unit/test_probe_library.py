@@ -1,0 +1,167 @@
+"""A host synchronisation inside a library the user does not own: the chain from the
+user's line to the library's frame, and a fix that needs no edit of the library.
+
+The "libraries" here are modules written at test time, under a folder laid out like an
+installation (`.../site-packages/<package>/`), and the "user's code" one under another
+root: which is which is decided by the file's location alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpgraph import Code
+from ddpgraph.probe import classify, host_sync_finding
+
+LIBRARY = """
+    import sys
+    import traceback
+
+    import torch
+    from ddpgraph.library_settings import known_setting
+
+
+    def masked_mean(x):
+        seen.append((traceback.extract_stack(), known_setting(sys._getframe())))
+        return x.mean()
+
+
+    class Attention(torch.nn.Module):
+        def __init__(self, implementation):
+            super().__init__()
+            self.config = type("Config", (), {"_attn_implementation": implementation})()
+
+        def forward(self, x):
+            return masked_mean(x)
+
+
+    seen = []
+"""
+
+USER_MODEL = """
+    from fakelib.ops import Attention
+
+
+    class Net:
+        def __init__(self):
+            self.attention = Attention("eager")
+
+        def __call__(self, x):
+            return self.attention(x)  # the user's line
+"""
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / "__init__.py").touch()
+    path.write_text(textwrap.dedent(text))
+
+
+@pytest.fixture
+def installed(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """`fakelib` and a `transformers` stand-in installed under a site folder, and the
+    user's `project/net.py` under another root."""
+    site = tmp_path / "env" / "lib" / "python3" / "site-packages"
+    write(site / "fakelib" / "ops.py", LIBRARY)
+    write(site / "transformers" / "ops.py", LIBRARY)
+    write(tmp_path / "project" / "usernet.py", USER_MODEL)
+    (tmp_path / "project" / "__init__.py").unlink()
+    sys.path[:0] = [str(site), str(tmp_path / "project")]
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "transformers" or k.startswith("transformers.")}
+    try:
+        for name in ("fakelib.ops", "usernet"):
+            sys.modules.pop(name, None)
+        modules = {name: importlib.import_module(name) for name in ("fakelib.ops", "transformers.ops", "usernet")}
+        yield modules
+    finally:
+        sys.path.remove(str(site))
+        sys.path.remove(str(tmp_path / "project"))
+        for name in ("fakelib", "fakelib.ops", "transformers", "transformers.ops", "usernet"):
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
+
+
+def test_a_sync_in_a_library_names_the_users_line_then_the_librarys(installed: dict[str, Any]) -> None:
+    import torch
+
+    installed["usernet"].Net()(torch.ones(2))
+    stack, setting = installed["fakelib.ops"].seen[-1]
+    assert setting is None  # fakelib has no known setting
+    finding = classify(stack, setting=setting)
+    assert finding is not None and finding.code is Code.HOST_SYNC_IN_CAPTURE
+    assert finding.location is not None and finding.location.filename.endswith("usernet.py")
+    assert finding.location.source == "return self.attention(x)  # the user's line"
+    assert "calls into fakelib" in finding.happened
+    library_line = next(f for f in stack if f.name == "masked_mean")
+    assert f"fakelib/ops.py:{library_line.lineno}, in `masked_mean`" in finding.happened
+    assert "seen.append(" in finding.happened  # the library's line that waited
+    assert 'strategy="partial"' in finding.hint and "no edit of fakelib" in finding.hint
+
+
+def test_a_known_setting_of_transformers_is_the_fix(installed: dict[str, Any]) -> None:
+    import torch
+
+    attention = installed["transformers.ops"].Attention("eager")
+    attention(torch.ones(2))
+    stack, setting = installed["transformers.ops"].seen[-1]
+    finding = classify(stack, setting=setting)
+    assert finding is not None and 'attn_implementation="sdpa"' in finding.hint
+    assert "`Attention` was built with `attn_implementation=\"eager\"`" in finding.hint
+
+
+def test_the_setting_is_named_only_when_the_running_module_has_it(installed: dict[str, Any]) -> None:
+    import torch
+
+    installed["transformers.ops"].Attention("sdpa")(torch.ones(2))
+    _, setting = installed["transformers.ops"].seen[-1]
+    assert setting is None
+
+
+def test_the_same_code_outside_an_installation_is_the_users(tmp_path: Path) -> None:
+    # A module with the library's text, under the user's root: its own line is the place.
+    write(tmp_path / "mine" / "ops.py", LIBRARY)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        sys.modules.pop("mine.ops", None)
+        ops = importlib.import_module("mine.ops")
+        import torch
+
+        ops.Attention("eager")(torch.ones(2))
+        stack, setting = ops.seen[-1]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("mine", None)
+        sys.modules.pop("mine.ops", None)
+    assert setting is None
+    finding = host_sync_finding(stack)
+    assert finding.location is not None and finding.location.filename.endswith("ops.py")
+    assert "calls into" not in finding.happened
+    assert finding.happened.startswith("`seen.append(")
+
+
+def test_a_sync_in_the_users_own_code_keeps_the_short_form() -> None:
+    stack = traceback.extract_stack()
+    finding = host_sync_finding(stack)
+    assert finding.location is not None and finding.location.filename == __file__
+    assert finding.happened == "`stack = traceback.extract_stack()` waits for the GPU"
+
+
+def test_the_probes_findings_carry_the_setting_capture_step_reports(installed: dict[str, Any]) -> None:
+    # `capture_step` builds `step.reason` from `ProbeResult.findings()`: the same chain.
+    import torch
+
+    from ddpgraph.probe import ProbeResult, SyncEvent
+
+    installed["transformers.ops"].Attention("eager")(torch.ones(2))
+    stack, setting = installed["transformers.ops"].seen[-1]
+    [finding] = ProbeResult([SyncEvent(stack, setting)]).findings()
+    assert finding.code is Code.HOST_SYNC_IN_CAPTURE and finding.fix == setting
+    assert "calls into transformers" in finding.happened
