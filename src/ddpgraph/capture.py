@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from . import ddp as ddp_tools
+from .adopt import adopt_ddp
 from .agreement import Decision, Outcome, agree
 from .amp import GraphSafeGradScaler
 from .backends import CapturedGraph, CaptureError, CudaGraphBackend, GraphBackend
@@ -231,21 +232,15 @@ class CapturedStep(Generic[R]):
                 if isinstance(self._model, DDP):
                     ddp_tools.mark_built_on(self._model, stream)
                 self._stream = stream
-            elif isinstance(self._model, DDP) and built_on is None:
-                return Finding(
-                    Code.DDP_STREAM_MISMATCH,
-                    "this DistributedDataParallel model was not built by "
-                    "`ddpgraph.prepare_ddp`, so its gradient accumulators belong to another "
-                    "stream (usually the default stream) and backward cannot be captured",
-                    "build it with `ddp = ddpgraph.prepare_ddp(model, device_ids=[local_rank])`; "
-                    "if you built DDP inside `with torch.cuda.stream(s):` yourself, pass "
-                    "`stream=s` to `capture_step`",
-                    subject="`capture_step(model=...)`",
-                )
             else:
                 from .streams import capture_stream
 
-                self._stream = built_on or capture_stream(self._device)
+                if isinstance(self._model, DDP) and built_on is None:
+                    # A DDP built elsewhere (default stream): agreed on all ranks.
+                    refusal = adopt_ddp(self._model, capture_stream(self._device))
+                    if refusal is not None:
+                        return refusal
+                self._stream = ddp_tools.built_on_stream(self._model) or capture_stream(self._device)
             if self._backend is None:
                 self._backend = CudaGraphBackend()
             return None
