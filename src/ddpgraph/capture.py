@@ -43,6 +43,7 @@ from .inputs import (
     flatten_call,
     leaf_paths,
 )
+from .integrations.accelerate import unwrap_optimizers
 from .optim import HyperparamGuard, TensorHyperparams, baked_finding, graph_safe_optimizer
 from .probe import host_sync_probe
 from .replay import OnFailure, Recording, UnservedCalls, check_policies, fall_back, run_eager_call
@@ -102,7 +103,8 @@ class CapturedStep(Generic[R]):
         self._generators = list(generators)
         self._scaler = scaler
         self._model = model
-        self._optimizers = list(optimizers)
+        # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
+        self._optimizers, wrapper_refusal = unwrap_optimizers(optimizers)
         self._on_failure = on_failure
         self._on_input_change = on_input_change
         self._clone_outputs = clone_outputs
@@ -129,7 +131,7 @@ class CapturedStep(Generic[R]):
         # Arguments are checked before anything (the optimizer) is changed.
         forwards = self._counter.count if self._counter else 0
         self._capture_after = self._validate_warmup(warmup_steps, forwards)
-        refusal = self._choose_backend(backend, stream)
+        refusal = self._choose_backend(backend, stream) or wrapper_refusal
         if refusal is None and self._backend is not None:
             refusal = generators_refusal(
                 self._generators, self._device, isinstance(self._backend, CudaGraphBackend)
