@@ -30,6 +30,17 @@ from .recording import RecordingBackend
 from .strategies import SelectionReport, StrategyName, TrainStep, TrialSettings, make_step
 
 __version__ = "0.1.0"
+# Integrations import their framework (an optional dependency) only when first used.
+_LAZY_SUBMODULES = ("lightning", "accelerate")
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'ddpgraph' has no attribute {name!r}")
+
 
 __all__ = [
     "CATALOG",

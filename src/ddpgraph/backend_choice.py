@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import ddp as ddp_tools
+from .adopt import adoption_method, adoption_refusal
 from .backends import CudaGraphBackend, GraphBackend
 from .findings import Code, Finding
 
@@ -32,19 +33,21 @@ def choose_backend(
     if stream is not None:
         if isinstance(model, DDP):
             ddp_tools.mark_built_on(model, stream)
-    elif isinstance(model, DDP) and built_on is None:
-        return backend, None, Finding(
-            Code.DDP_STREAM_MISMATCH,
-            "this DistributedDataParallel model was not built by "
-            "`ddpgraph.prepare_ddp`, so its gradient accumulators belong to another "
-            "stream (usually the default stream) and backward cannot be captured",
-            "build it with `ddp = ddpgraph.prepare_ddp(model, device_ids=[local_rank])`; "
-            "if you built DDP inside `with torch.cuda.stream(s):` yourself, pass "
-            "`stream=s` to `capture_step`",
-            subject="`capture_step(model=...)`",
-        )
     else:
         from .streams import capture_stream
 
+        if isinstance(model, DDP) and built_on is None:
+            # A DDP built elsewhere (usually on the default stream) is adopted onto the
+            # capture stream once every rank has agreed (`needs_adoption`); what would
+            # stop that is found here, before anything changes.
+            refusal = adoption_refusal(model, adoption_method())
+            if refusal is not None:
+                return backend, None, refusal
         stream = built_on or capture_stream(device)
     return backend or CudaGraphBackend(), stream, None
+
+
+def needs_adoption(model: nn.Module, stream: torch.cuda.Stream | None) -> bool:
+    """Whether `model` is a DDP built on another stream than `stream`, the capture stream
+    `choose_backend` picked: it must be adopted (`adopt.apply_adoption`) before warm-up."""
+    return stream is not None and isinstance(model, DDP) and ddp_tools.built_on_stream(model) is None

@@ -27,7 +27,8 @@ from torch.optim import Optimizer
 
 from . import ddp as ddp_tools
 from .agreement import Action, Outcome
-from .backend_choice import choose_backend
+from .adopt import apply_adoption
+from .backend_choice import choose_backend, needs_adoption
 from .backends import CudaGraphBackend, GraphBackend
 from .call_guard import unservable
 from .distributed import current_rank
@@ -35,6 +36,7 @@ from .engine import Captured, CaptureEngine, Report, StepState, StepStats
 from .errors import DdpGraphUsageError, usage_error
 from .findings import Code, Finding
 from .inputs import check_supported, leaf_paths, stage_leaves
+from .integrations.accelerate import unwrap_optimizers
 from .options import CaptureOptions
 from .param_guard import ParamLayout
 from .probe import host_sync_probe
@@ -68,7 +70,9 @@ class CapturedStep(CaptureEngine[R]):
 
     def __init__(self, fn: Callable[..., R], *, model: nn.Module, optimizers: Sequence[Optimizer], options: CaptureOptions) -> None:
         super().__init__(fn, model, options, shared=_has_peers(model))
-        self._optim = StepOptimizers(optimizers, self._device)
+        # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
+        inner, wrapper_refusal = unwrap_optimizers(optimizers)
+        self._optim = StepOptimizers(inner, self._device)
         self._generators = list(options.generators)
         self._restorables: list[Restorable] = [options.scaler] if options.scaler is not None else []
         self._counter = ddp_tools.forward_counter(model)
@@ -89,7 +93,7 @@ class CapturedStep(CaptureEngine[R]):
             self._backend, self._stream, refusal = choose_backend(model, self._device, options.backend, options.stream)
             if refusal is None and self._backend is not None:
                 refusal = generators_refusal(self._generators, self._device, isinstance(self._backend, CudaGraphBackend))
-            refusal = refusal or self._optim.refusal()
+            refusal = refusal or wrapper_refusal or self._optim.refusal()
         except DdpGraphUsageError as err:
             usage = err.finding
         found = [f for f in (usage, refusal) if f is not None]
@@ -104,7 +108,14 @@ class CapturedStep(CaptureEngine[R]):
             self._give_up(summary, warn=summary.code is not Code.NO_CUDA)
         else:
             self._capture_after = max(o.warmup_steps for o in decision.outcomes)
-            self._setup_refusal = self._optim.prepare()  # agreed on at the probe
+            # Both agreed on at the probe; adoption rebuilds DDP's reducer on the capture
+            # stream, which every rank now does (none refused above).
+            if needs_adoption(model, self._stream):
+                self._setup_refusal = apply_adoption(model, self._stream)  # type: ignore[arg-type]
+                # The rebuilt reducer starts again from iteration 0: it needs the whole
+                # warm-up of a fresh DDP model, whatever ran before.
+                self._capture_after = max(self._capture_after, default_warmup_steps(0))
+            self._setup_refusal = self._setup_refusal or self._optim.prepare()
         self._install_load_hooks()
 
     def hold(self) -> None:

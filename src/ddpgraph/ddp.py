@@ -199,3 +199,14 @@ def buffer_sync_skipped(model: nn.Module) -> bool:
         return False
     syncs = getattr(model, "forward_sync_buffers", getattr(model, "broadcast_buffers", False))
     return bool(syncs) and len(getattr(model, "modules_buffers", [])) > 0
+
+
+def restart_counter(model: DDP) -> None:
+    """Count the reducer's iterations from zero again: its reducer was just rebuilt."""
+    counter = getattr(model, _COUNTER_ATTR, None)
+    if isinstance(counter, ForwardCounter):
+        counter.count, counter.exact = 0, True
+        return
+    counter = ForwardCounter()
+    model.register_forward_pre_hook(counter)
+    setattr(model, _COUNTER_ATTR, counter)

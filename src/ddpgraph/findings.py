@@ -33,6 +33,7 @@ class Code(str, enum.Enum):
     INPUT_CHANGED_BY_STEP = "INPUT_CHANGED_BY_STEP"
     OPTIMIZER_NOT_PASSED = "OPTIMIZER_NOT_PASSED"
     PARAMETERS_CHANGED = "PARAMETERS_CHANGED"
+    UNSUPPORTED_SETUP = "UNSUPPORTED_SETUP"
     # The environment.
     NO_CUDA = "NO_CUDA"
     NCCL_TOO_OLD = "NCCL_TOO_OLD"
@@ -159,6 +160,14 @@ CATALOG: dict[Code, CodeInfo] = {
         "CUDA rejected an operation while the step was being recorded.",
         "Run `ddpgraph doctor your_script.py` for a per-rank diagnosis, and report the "
         "message if it names no cause.",
+    ),
+    Code.UNSUPPORTED_SETUP: CodeInfo(
+        "A training setup that cannot be captured whole",
+        "The training framework runs the step in a way one graph cannot replay (manual "
+        "optimization, gradient accumulation across calls, a loss-scaling precision plugin, "
+        "a strategy other than DDP); the step runs eagerly.",
+        "Use automatic optimization with one optimizer, `accumulate_grad_batches=1` and "
+        "bf16 or fp32 precision, or capture your own step with `ddpgraph.capture_step`.",
     ),
     Code.NO_CUDA: CodeInfo(
         "No CUDA device for this step",

@@ -89,11 +89,11 @@ def test_branch_on_tensor_is_a_host_sync(results: dict[str, list[dict[str, Any]]
         assert r["code"] == "HOST_SYNC_IN_CAPTURE" and r["line"] == r["expected_line"]
 
 
-def test_plain_ddp_is_refused_with_the_fix(results: dict[str, list[dict[str, Any]]]) -> None:
+def test_plain_ddp_is_adopted_and_captured(results: dict[str, list[dict[str, Any]]]) -> None:
+    # A default-stream DDP is adopted (tests/gpu/test_adopt_gpu.py compares its training).
     for r in ok(results["plain_ddp"]):
-        assert r["state"] == "eager" and r["code"] == "DDP_STREAM_MISMATCH"
-        assert "prepare_ddp" in r["reason"] and r["finite"]
-    assert ok(results["plain_ddp"])[0]["warned"]
+        assert r["state"] == "captured" and r["code"] is None, r["reason"]
+        assert r["finite"] and not r["warned"]
 
 
 def test_raise_mode_raises_on_every_rank(results: dict[str, list[dict[str, Any]]]) -> None:

@@ -240,8 +240,7 @@ def branch_on_tensor(info: DistInfo) -> dict[str, Any]:
 
 
 def plain_ddp(info: DistInfo) -> dict[str, Any]:
-    """DDP built with `DDP(...)` on the default stream: refused with a clear reason, and
-    training goes on eagerly."""
+    """DDP built with `DDP(...)` on the default stream: adopted, then captured."""
     ddp = DDP(_mlp(info), device_ids=[info.device.index])
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     with warnings.catch_warnings(record=True) as caught:

@@ -1,0 +1,45 @@
+"""`capture_step` adopts a DDP built with `DDP(model.cuda(), device_ids=[rank])` on the
+default stream, and trains equal to the same DDP trained eagerly with the same
+graph-safe optimizer. Works at world size 1 (`DDPGRAPH_GPU_WORLD=1`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import gpu_world, ok, run_scenarios
+
+pytestmark = pytest.mark.gpu
+NAMES = ["plain", "find_unused", "bucket_view", "static_graph", "small_buckets"]
+TOL = 1e-5  # the project's bound; expected bit for bit, printed below
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("gpu_adopt")
+    names = [*NAMES, "mixed_precision_rebuilt"]
+    return run_scenarios("gpu_adopt.py", names, Path(out), nproc=gpu_world(), timeout=600)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_default_stream_ddp_is_captured_and_trains_like_eager(
+    results: dict[str, list[dict[str, Any]]], name: str
+) -> None:
+    for r in ok(results[name]):
+        print(f"{name} rank {r['rank']}: bitwise equal = {r['bitwise_equal']}, "
+              f"override switch = {r['override_switch']}, reason = {r['reason']}")
+        assert r["code"] is None, r["reason"]
+        assert r["states"][:11] == ["warmup"] * 11
+        assert r["states"][11:] == ["captured"] * (len(r["states"]) - 11)
+        assert r["stats"]["replays"] == len(r["states"]) - 11
+        assert r["loss_rel_diff"] <= TOL and r["param_rel_diff"] <= TOL, r
+
+
+def test_ddp_mixed_precision_survives_the_reducer_rebuild(
+    results: dict[str, list[dict[str, Any]]],
+) -> None:
+    for r in ok(results["mixed_precision_rebuilt"]):
+        assert r["refusal"] is None, r["refusal"]
+        assert r["bitwise_equal"], r["param_rel_diff"]

@@ -1,0 +1,45 @@
+"""What the Lightning callback refuses, decided from the Trainer before training."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("lightning")
+
+import lightning.pytorch as L
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+import ddpgraph
+from ddpgraph.integrations.lightning import lightning_refusal
+
+
+class Module(L.LightningModule):
+    def __init__(self, manual: bool = False) -> None:
+        super().__init__()
+        self.automatic_optimization = not manual
+
+
+def _trainer(**kw: object) -> L.Trainer:
+    return L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, **kw)  # type: ignore[arg-type]
+
+
+def test_fp16_with_a_grad_scaler_is_refused_with_its_code() -> None:
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    finding = lightning_refusal(_trainer(plugins=[plugin]), Module())
+    assert finding is not None and finding.code is ddpgraph.Code.GRAD_SCALER_IN_CAPTURE
+    assert "bf16-mixed" in finding.fix
+
+
+def test_manual_optimization_and_accumulation_are_refused() -> None:
+    manual = lightning_refusal(_trainer(), Module(manual=True))
+    assert manual is not None and manual.code is ddpgraph.Code.UNSUPPORTED_SETUP
+    accumulate = lightning_refusal(_trainer(accumulate_grad_batches=4), Module())
+    assert accumulate is not None and "accumulate_grad_batches=4" in accumulate.happened
+
+
+def test_the_callback_is_reachable_lazily_from_the_package() -> None:
+    assert ddpgraph.lightning.CUDAGraphCallback is not None
+    from ddpgraph.lightning import CUDAGraphCallback
+
+    assert CUDAGraphCallback().state == "warmup"
