@@ -27,6 +27,7 @@ from .measure import Settings, run_strategy
 from .registry import Strategy, registered
 from .schema import Report, StrategyResult
 from .table import percent, times
+from .throughput import fill_throughput
 from .workloads import ModelSpec
 
 
@@ -72,6 +73,8 @@ def run_suite(
                             task, description=f"{label} ({phase})"
                         ),
                     )
+                    per_step = info.world_size * batch_size * model.workload.per_sample
+                    fill_throughput(result, model.workload.unit, per_step)
                     eager = result if strategy.name == "eager" else eager
                     results.append(result)
                     bar.advance(task)

@@ -10,6 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from .schema import Report, StrategyResult
+from .throughput import throughput_cell
 
 DASH = "–"
 RESULT_HEADERS = [
@@ -18,6 +19,7 @@ RESULT_HEADERS = [
     "ms/step",
     "× eager",
     "GPU busy",
+    "throughput",
     "capture",
     "peak MiB",
     "DataLoader ms/step",
@@ -84,6 +86,7 @@ def result_row(result: StrategyResult) -> list[str]:
         str(result.batch_size),
         result.strategy,
         *_feed_cells(result, "device"),
+        throughput_cell(result),
         _capture(result),
         DASH if result.peak_memory_mib is None else f"{result.peak_memory_mib:.0f}",
         *_feed_cells(result, "dataloader"),
