@@ -20,7 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 import torch
 from torch import nn
@@ -48,6 +48,9 @@ from .replay import OnFailure, Recording, UnservedCalls, check_policies, fall_ba
 from .rng import generators_refusal, keep_states
 from .snapshot import TrainingSnapshot
 from .warmup import MIN_WARMUP_ITERATIONS, default_warmup_steps, steps_until_capturable
+
+if TYPE_CHECKING:
+    from .strategies.base import TrainStep
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
@@ -607,6 +610,23 @@ def _hyperparameter_changes(
     return found
 
 
+# `compile=True` returns the compile strategy's step (strategies/compile_switch.py).
+@overload
+def capture_step(
+    fn: Callable[..., R], *, model: nn.Module, optimizer: Optimizer | Sequence[Optimizer] | None = ...,
+    warmup_steps: int | None = ..., on_failure: OnFailure = ..., on_input_change: OnFailure = ...,
+    clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
+    backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
+    scaler: GraphSafeGradScaler | None = ..., compile: Literal[False] = ...,
+) -> CapturedStep[R]: ...
+@overload
+def capture_step(
+    fn: Callable[..., R], *, model: nn.Module, optimizer: Optimizer | Sequence[Optimizer] | None = ...,
+    warmup_steps: int | None = ..., on_failure: OnFailure = ..., on_input_change: OnFailure = ...,
+    clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
+    backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
+    scaler: GraphSafeGradScaler | None = ..., compile: bool,
+) -> TrainStep[R]: ...
 def capture_step(
     fn: Callable[..., R],
     *,
@@ -621,7 +641,8 @@ def capture_step(
     backend: GraphBackend | None = None,
     generators: Sequence[torch.Generator] = (),
     scaler: GraphSafeGradScaler | None = None,
-) -> CapturedStep[R]:
+    compile: bool = False,
+) -> TrainStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
     it does on the GPU) as one CUDA graph, and replay it on later calls.
 
@@ -669,6 +690,11 @@ def capture_step(
             replay draws fresh numbers from them and advances them as eager steps would.
         scaler: the `ddpgraph.GraphSafeGradScaler` the step uses, so that a failed (or
             stand-in) recording leaves its state as eager training would.
+        compile: True compiles the model in place with torch.compile (inductor's default
+            mode, no CUDA graphs of its own) and captures the whole step around it: the
+            fastest path where fusion pays. Compiling finishes before capture, and a
+            recompile captures again, as `make_step(strategy="compile")` does; it returns
+            that strategy's step. `fn` stays as written.
 
     Without CUDA (or with the model on CPU) the step runs eagerly and `reason` has code
     NO_CUDA. Use `close()` or a `with` block to free the graph before the process group.
@@ -700,6 +726,13 @@ def capture_step(
             f"expected a torch.cuda.Stream, got {type(stream).__name__}",
             "pass the stream DDP was built on, or leave it out when using `prepare_ddp`",
         )
+    if compile is not False:
+        from .strategies.base import CaptureOptions
+        from .strategies.compile_switch import capture_compiled
+
+        extra = {"generators": list(generators), "scaler": scaler}
+        options = CaptureOptions(warmup_steps, on_failure, on_input_change, clone_outputs, stream, pool, backend, extra)
+        return capture_compiled(fn, compile=compile, model=model, optimizers=optimizers, options=options)
     return CapturedStep(
         fn,
         model=model,
