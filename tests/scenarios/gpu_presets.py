@@ -37,12 +37,21 @@ def _batches(workload: Workload, info: DistInfo, n: int) -> list[tuple[torch.Ten
     return [workload.make_batch(BATCH, gen, info.device) for _ in range(n)]
 
 
-def _captured_run(workload: Workload, info: DistInfo, settings: StepSettings, **kw: Any) -> dict[str, Any]:
+def _sync(info: DistInfo) -> None:
+    if info.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _device_ids(info: DistInfo) -> dict[str, Any]:
+    return {"device_ids": [info.device.index]} if info.device.type == "cuda" else {}
+
+
+def _captured_run(workload: Workload, info: DistInfo, settings: StepSettings) -> dict[str, Any]:
     torch.manual_seed(0)
-    ddp = ddpgraph.prepare_ddp(workload.build().to(info.device), device_ids=[info.device.index])
+    ddp = ddpgraph.prepare_ddp(workload.build().to(info.device), **_device_ids(info))
     opt = settings.adamw(ddp.parameters(), lr=1e-4)
     before = harness.params_of(ddp)
-    step = ddpgraph.capture_step(make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt, **kw)
+    step = ddpgraph.capture_step(make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt)
     losses = []
     with step:
         for x, y in _batches(workload, info, 4):
@@ -50,7 +59,7 @@ def _captured_run(workload: Workload, info: DistInfo, settings: StepSettings, **
         while step.stats.replays < REPLAYS and step.stats.calls < 40:
             x, y = _batches(workload, info, 1)[0]
             losses.append(float(step(x, y)))
-        torch.cuda.synchronize()
+        _sync(info)
         result = {
             "state": step.state.value,
             "reason": step.reason.format() if step.reason else None,
@@ -85,7 +94,7 @@ def compile_switch(info: DistInfo) -> dict[str, Any]:
     def run(switch: bool) -> tuple[list[float], list[torch.Tensor], dict[str, Any]]:
         torch._dynamo.reset()
         torch.manual_seed(0)
-        ddp = ddpgraph.prepare_ddp(workload.build().to(info.device), device_ids=[info.device.index])
+        ddp = ddpgraph.prepare_ddp(workload.build().to(info.device), **_device_ids(info))
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
         fn = make_train_step(ddp, opt, workload.loss, BF16)
         if switch:
@@ -95,7 +104,7 @@ def compile_switch(info: DistInfo) -> dict[str, Any]:
             ddp.compile()
             step = fn
         losses = [float(step(x, y)) for x, y in data]
-        torch.cuda.synchronize()
+        _sync(info)
         summary: dict[str, Any] = {}
         if switch:
             summary = {"state": step.state.value, "stats": vars(step.stats), "restarts": step.restarts,
