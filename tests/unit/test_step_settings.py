@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddpgraph.bench import command
 from ddpgraph.bench.case import Case
+from ddpgraph.bench.suite import describe_setup
+from ddpgraph.cli import build_parser
+from ddpgraph.distributed import DistInfo
 from ddpgraph.models import mlp_workload
 from ddpgraph.step_settings import (
     ADAM_KERNELS,
@@ -55,3 +59,13 @@ def test_the_bench_takes_its_optimizer_and_ddp_settings_from_here() -> None:
 def test_fused_adam_reads_a_tensor_learning_rate_on_this_torch() -> None:
     # Every supported torch (2.11..2.13) has the overload; the probe depends on it.
     assert fused_adam_takes_tensor_lr()
+
+
+def test_the_bench_records_the_settings_it_ran_with() -> None:
+    plan = command.plan_from_args(build_parser("bench").parse_args(["bench", "--model", "mlp"]))
+    setup = describe_setup(DistInfo(0, 1, 0, torch.device("cpu"), "gloo"), plan, [])
+    assert setup["settings"]["step_settings"] == {
+        "adam_kernel": "default",
+        "gradient_as_bucket_view": None,
+        "bucket_cap_mb": None,
+    }

@@ -20,6 +20,7 @@ from rich.progress import Progress
 from .. import __version__
 from ..distributed import DistInfo
 from ..report import progress_bar
+from ..step_settings import DEFAULT_STEP_SETTINGS
 from .case import Case
 from .control import Control
 from .feeds import host_batches
@@ -126,6 +127,7 @@ def describe_setup(info: DistInfo, plan: Plan, argv: list[str]) -> dict[str, Any
             "models": [m.spec for m in plan.models],
             "batch_sizes": plan.batch_sizes,
             "strategies": [s.name for s in plan.strategies],
+            "step_settings": asdict(DEFAULT_STEP_SETTINGS),
         },
     }
 

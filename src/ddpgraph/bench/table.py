@@ -172,6 +172,7 @@ def markdown(report: Report, summary: list[dict[str, Any]]) -> str:
     parts.append(
         "ms/step: median over timing windows ± half their range. × eager: speedup over "
         "eager DDP with the same feed. GPU busy: time with a kernel, copy or memset running per step over step time. "
-        "vs recipe: capture_step's time over the hand-written recipe's (+ is slower)."
+        "vs recipe: capture_step's time over the hand-written recipe's (+ is slower). "
+        "throughput: tokens, images or samples per second over all ranks (device feed)."
     )
     return "\n".join(parts)
