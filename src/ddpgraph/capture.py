@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import torch
 import torch.distributed as dist
@@ -26,8 +26,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from . import ddp as ddp_tools
-from .agreement import Action, Outcome
 from .adopt import apply_adoption
+from .agreement import Action, Outcome
 from .backend_choice import choose_backend, needs_adoption
 from .backends import CudaGraphBackend, GraphBackend
 from .call_guard import unservable
@@ -53,6 +53,9 @@ from .warmup import (
 )
 
 __all__ = ["CapturedStep", "StepState", "StepStats", "as_optimizers", "capture_step", "choose_backend"]
+
+if TYPE_CHECKING:
+    from .strategies.base import TrainStep
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
@@ -299,6 +302,31 @@ def _has_peers(model: nn.Module) -> bool:
 
 
 
+# `compile=True` returns the compile strategy's step (strategies/compile_switch.py).
+@overload
+def capture_step(
+    fn: Callable[..., R], *, model: nn.Module, optimizer: Optimizer | Sequence[Optimizer] | None = ...,
+    warmup_steps: int | None = ..., on_failure: OnFailure = ..., on_input_change: OnFailure = ...,
+    clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
+    backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
+    scaler: Any = ..., agree_every: int | None = ..., compile: Literal[False] = ...,
+) -> CapturedStep[R]: ...
+@overload
+def capture_step(
+    fn: Callable[..., R], *, model: nn.Module, optimizer: Optimizer | Sequence[Optimizer] | None = ...,
+    warmup_steps: int | None = ..., on_failure: OnFailure = ..., on_input_change: OnFailure = ...,
+    clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
+    backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
+    scaler: Any = ..., agree_every: int | None = ..., compile: Literal[True],
+) -> TrainStep[R]: ...
+@overload
+def capture_step(
+    fn: Callable[..., R], *, model: nn.Module, optimizer: Optimizer | Sequence[Optimizer] | None = ...,
+    warmup_steps: int | None = ..., on_failure: OnFailure = ..., on_input_change: OnFailure = ...,
+    clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
+    backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
+    scaler: Any = ..., agree_every: int | None = ..., compile: bool,
+) -> CapturedStep[R] | TrainStep[R]: ...
 def capture_step(
     fn: Callable[..., R],
     *,
@@ -314,7 +342,8 @@ def capture_step(
     generators: Sequence[torch.Generator] = (),
     scaler: Any = None,
     agree_every: int | None = None,
-) -> CapturedStep[R]:
+    compile: bool = False,
+) -> CapturedStep[R] | TrainStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
     it does on the GPU) as one CUDA graph, and replay it on later calls.
 
@@ -368,6 +397,11 @@ def capture_step(
             their guards saw every this many calls once captured (default 100); a rank
             that saw something runs eager steps until then, which pair with the peers'
             replays. Smaller reacts sooner; each agreement is one small collective.
+        compile: True compiles the model in place with torch.compile (inductor's default
+            mode, no CUDA graphs of its own) and captures the whole step around it: the
+            fastest path where fusion pays. Compiling finishes before capture, and a
+            recompile captures again, as `make_step(strategy="compile")` does; it returns
+            that strategy's step. `fn` stays as written.
 
     Detected during the probe step (the step then runs eagerly on every rank, with a
     finding): host synchronisations, hyper-parameters the step changes, arguments it
@@ -384,7 +418,6 @@ def capture_step(
     attributes), which stays as it was at capture.
 
     Without CUDA (or with the model on CPU) the step runs eagerly and `reason` has code
-    Without CUDA (or with the model on CPU) the step runs eagerly and `reason` has code
     NO_CUDA. Use `close()` or a `with` block to free the graph before the process group.
     """
     if not callable(fn):
@@ -400,6 +433,10 @@ def capture_step(
         generators=tuple(generators), scaler=scaler,
         **({} if agree_every is None else {"agree_every": agree_every}),
     )
+    if compile is not False:
+        from .strategies.compile_switch import capture_compiled
+
+        return capture_compiled(fn, compile=compile, model=model, optimizers=as_optimizers(optimizer), options=options)
     return CapturedStep(fn, model=model, optimizers=as_optimizers(optimizer), options=options)
 
 

@@ -141,6 +141,10 @@ class Workload:
     build: Callable[[], nn.Module]
     make_batch: Callable[[int, torch.Generator, torch.device], tuple[torch.Tensor, torch.Tensor]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # What one sample holds, for the throughput the benchmark reports: tokens per
+    # sequence for language models, one image per sample for vision models.
+    unit: str = "samples"
+    per_sample: int = 1
 
 
 # The GPT that the CPU runs of `ddpgraph demo` and `ddpgraph bench` train: GPTConfig()'s
@@ -161,7 +165,7 @@ def gpt_workload(cfg: GPTConfig | None = None) -> Workload:
     def loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
-    return Workload("gpt", lambda: TinyGPT(c), batch, loss)
+    return Workload("gpt", lambda: TinyGPT(c), batch, loss, "tokens", c.block)
 
 
 def mlp_workload(dim: int = 256, hidden: int = 1024, depth: int = 4) -> Workload:
@@ -179,7 +183,9 @@ def cnn_workload(image: int = 64, classes: int = 100) -> Workload:
         y = torch.randint(0, classes, (n,), generator=gen)
         return x.to(device), y.to(device)
 
-    return Workload("resnet18", lambda: resnet18(classes), batch, lambda o, y: F.cross_entropy(o.float(), y))
+    return Workload(
+        "resnet18", lambda: resnet18(classes), batch, lambda o, y: F.cross_entropy(o.float(), y), "images"
+    )
 
 
 def cosine_with_warmup(total_steps: int, warmup: int = 10) -> Callable[[int], float]:

@@ -158,6 +158,7 @@ def test_result_row_cells() -> None:
         "4.60 ± 0.10",
         "3.13×",
         "100%",
+        "–",  # no throughput: the sample results have no unit
         "40 ms",
         "–",
         "4.80 ± 0.20",
@@ -168,7 +169,7 @@ def test_result_row_cells() -> None:
     failed = result_row(case["compile"])
     assert failed[2] == "failed" and failed[-1].startswith("failed during warm-up")
     assert result_row(case["partial"])[2] == "skipped"
-    assert result_row(report.case("gpt", 32)["capture_step"])[5] == "not captured"
+    assert result_row(report.case("gpt", 32)["capture_step"])[6] == "not captured"
 
 
 def test_rich_tables_show_every_strategy_and_the_summary() -> None:

@@ -18,6 +18,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..models import Workload
+from ..step_settings import DEFAULT_STEP_SETTINGS
 from ..training import StepOptions, make_train_step
 
 # Learning rate of every strategy's AdamW; the value does not change the step's cost.
@@ -47,7 +48,13 @@ class Case:
         return self.workload.build().to(self.device)
 
     def ddp_kwargs(self) -> dict[str, Any]:
-        return {"device_ids": [self.device.index]} if self.on_cuda else {}
+        devices = {"device_ids": [self.device.index]} if self.on_cuda else {}
+        return {**devices, **DEFAULT_STEP_SETTINGS.ddp_kwargs()}
+
+    def optimizer(self, model: nn.Module, **kwargs: Any) -> Optimizer:
+        """Every strategy's AdamW, with the kernel `ddpgraph.step_settings` chooses;
+        `kwargs` (a tensor `lr`, `capturable`) are passed on."""
+        return DEFAULT_STEP_SETTINGS.adamw(model.parameters(), **{"lr": LEARNING_RATE, **kwargs})
 
     def train_step(self, model: nn.Module, optimizer: Optimizer) -> TrainStep:
         """The step every strategy runs: zero_grad, forward (bf16 autocast on GPU unless

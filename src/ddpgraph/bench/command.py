@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help=f"comma-separated built-in names (gpt, mlp, resnet18) or MODULE:FACTORY (default: {DEFAULT_MODELS}; without CUDA, CPU-sized gpt and mlp)",
+        help=f"comma-separated built-in names (gpt, mlp, resnet18), presets (hf-gpt2, hf-llama, timm-vit, tv-resnet50) or MODULE:FACTORY (default: {DEFAULT_MODELS}; without CUDA, CPU-sized gpt and mlp)",
     )
     parser.add_argument(
         "--batch-sizes",

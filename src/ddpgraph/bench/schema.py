@@ -19,6 +19,8 @@ kernel time over step time, which counts overlapping streams twice). `gpu_timeli
 `active_ms_per_step` with any kernel, copy or memset running, `idle_ms_per_step` with none,
 and the idle gaps (`gaps_per_step`, `median_gap_us`, `p90_gap_us`, `max_gap_us`,
 `short_gaps_ms_per_step`: the idle time in gaps of at most `short_gap_us`).
+A feed's `throughput` is `units_per_step` (world size × batch size × tokens per sequence,
+or images) per second, in the result's `throughput_unit`.
 Times are milliseconds, except `capture_s` and `wall_s` (seconds) and the gaps (µs).
 Fields are only ever added within a schema version; files of earlier versions still load.
 """
@@ -55,6 +57,7 @@ class FeedResult:
     window_ms: list[float] = field(default_factory=list)
     speedup: float | None = None
     gpu_busy: float | None = None
+    throughput: float | None = None  # `throughput_unit`s per second, all ranks together
 
 
 @dataclass
@@ -73,6 +76,8 @@ class StrategyResult:
     final_loss: float | None = None
     note: str | None = None
     wall_s: float | None = None
+    throughput_unit: str | None = None  # "tokens", "images", "samples"
+    units_per_step: int | None = None  # all ranks together
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StrategyResult:
@@ -129,6 +134,7 @@ _FEED_FIELDS: dict[str, tuple[type, ...]] = {
     "window_ms": (list,),
     "speedup": (*_NUMBER, type(None)),
     "gpu_busy": (*_NUMBER, type(None)),
+    "throughput": (*_NUMBER, type(None)),
 }
 _RESULT_FIELDS: dict[str, tuple[type, ...]] = {
     "model": (str,),
@@ -145,6 +151,8 @@ _RESULT_FIELDS: dict[str, tuple[type, ...]] = {
     "final_loss": (*_NUMBER, type(None)),
     "note": (str, type(None)),
     "wall_s": (*_NUMBER, type(None)),
+    "throughput_unit": (str, type(None)),
+    "units_per_step": (int, type(None)),
 }
 
 
@@ -194,8 +202,9 @@ def _check_result(i: int, result: Any) -> list[str]:
     return problems
 
 
-# Fields added in version 2: files of version 1 lack them.
-_ADDED_FIELDS = frozenset({"gpu_timeline"})
+# Fields added in version 2 (gpu_timeline) or later within it (the throughput): files
+# written before lack them.
+_ADDED_FIELDS = frozenset({"gpu_timeline", "throughput", "throughput_unit", "units_per_step"})
 
 
 def _check_fields(where: str, obj: dict[str, Any], spec: dict[str, tuple[type, ...]]) -> list[str]:

@@ -10,8 +10,9 @@ on the same batches; they differ only in how the step is executed:
 * `recipe`: PyTorch's documented whole-network capture, written out by hand with no
   ddpgraph code in its path: the baseline that tells what ddpgraph's wrapper costs.
 * `capture_step`: `ddpgraph.capture_step` on a model built by `ddpgraph.prepare_ddp`.
-* `capture_step+compile`: the model compiled by inductor in its default mode (which
-  makes no graphs of its own) and the whole step captured by `capture_step`.
+* `capture_step+compile`: `capture_step(..., compile=True)`: the model compiled by
+  inductor in its default mode (which makes no graphs of its own) and the whole step
+  captured around it.
 * `partial`: `ddpgraph.make_step(strategy="partial")`: the model's collective-free parts
   graphed (forward and backward), DDP's all-reduces and the optimizer eager.
 """
@@ -79,7 +80,7 @@ def compile_module(module: nn.Module, *, mode: str) -> nn.Module:
 
 def build_eager(case: Case, model: nn.Module) -> Runner:
     ddp = DDP(model, **case.ddp_kwargs())
-    opt = torch.optim.AdamW(ddp.parameters(), lr=LEARNING_RATE)
+    opt = case.optimizer(ddp)
     return StepRunner(case.train_step(ddp, opt), case.device)
 
 
@@ -87,7 +88,7 @@ def build_compiled(mode: str) -> Callable[[Case, nn.Module], Runner]:
     def build(case: Case, model: nn.Module) -> Runner:
         torch._dynamo.reset()  # no cache entries or recompile counts from another strategy
         ddp = DDP(model, **case.ddp_kwargs())
-        opt = torch.optim.AdamW(ddp.parameters(), lr=LEARNING_RATE)
+        opt = case.optimizer(ddp)
         compiled = compile_module(ddp, mode=mode)
         # Marks each call as a new iteration, so cudagraph trees never mistake a
         # training step's forward for a second forward of the previous one.
@@ -121,7 +122,7 @@ class RecipeRunner(Runner):
             self._ddp = DDP(model, **case.ddp_kwargs())
         caller.wait_stream(self._stream)
         lr = torch.tensor(LEARNING_RATE, device=case.device)
-        self._opt = torch.optim.AdamW(self._ddp.parameters(), lr=lr, capturable=True)
+        self._opt = case.optimizer(self._ddp, lr=lr, capturable=True)
         self._fn = case.train_step(self._ddp, self._opt)
         self._static: tuple[torch.Tensor, torch.Tensor] | None = None
         self._loss: torch.Tensor | None = None
@@ -186,8 +187,8 @@ class CaptureStepRunner(Runner):
     """`ddpgraph.capture_step` (or, with `strategy`, `ddpgraph.make_step`) over a model
     from `ddpgraph.prepare_ddp`.
 
-    With `compile_model`, the step calls `torch.compile(ddp)` (inductor default mode)
-    while `capture_step` is told the DDP module itself, whose reducer it must follow.
+    With `compile_model`, it is `capture_step(..., compile=True)`, which compiles the
+    DDP module in place (inductor default mode) and captures the step around it.
     A change of input device (device-resident batches, then pinned batches from a
     DataLoader) starts a new `capture_step`, as a training script fed one way would.
     """
@@ -200,13 +201,11 @@ class CaptureStepRunner(Runner):
         # Without a GPU the capture is emulated (`emulation_backend`), which needs the
         # fused CPU AdamW: the foreach one reads its step count on the host.
         self._backend = None if case.on_cuda else emulation_backend()
-        fused = None if case.on_cuda else True
-        self._opt = torch.optim.AdamW(self._ddp.parameters(), lr=LEARNING_RATE, fused=fused)
+        self._opt = case.optimizer(self._ddp) if case.on_cuda else case.optimizer(self._ddp, fused=True)
         self._compiled = compile_model
         if compile_model:
             torch._dynamo.reset()
-        trained = compile_module(self._ddp, mode="default") if compile_model else self._ddp
-        self._fn = case.train_step(trained, self._opt)
+        self._fn = case.train_step(self._ddp, self._opt)
         self._step: GraphedStep[torch.Tensor] | None = None
         self._inputs_on: torch.device | None = None
         self._past: list[tuple[bool, str | None]] = []  # (captured, note) of closed steps
@@ -222,7 +221,9 @@ class CaptureStepRunner(Runner):
         if self._step is None or x.device != self._inputs_on:
             self._retire_step()
             if self._strategy == "whole":
-                self._step = capture_step(self._fn, model=self._ddp, optimizer=self._opt, backend=self._backend)
+                self._step = capture_step(
+                    self._fn, model=self._ddp, optimizer=self._opt, backend=self._backend, compile=self._compiled
+                )
             else:
                 self._step = make_step(
                     self._fn, model=self._ddp, optimizer=self._opt, strategy=self._strategy  # type: ignore[arg-type]
@@ -294,8 +295,8 @@ for _strategy in (
     ),
     Strategy(
         "capture_step+compile",
-        "model compiled by inductor (default mode, no graphs of its own), whole step "
-        "captured by capture_step",
+        "capture_step(compile=True): model compiled by inductor (default mode, no graphs "
+        "of its own), whole step captured around it",
         lambda case, model: CaptureStepRunner(case, model, compile_model=True),
         cpu_skip=_COMPILE_ON_CPU,
     ),

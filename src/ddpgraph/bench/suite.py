@@ -20,6 +20,7 @@ from rich.progress import Progress
 from .. import __version__
 from ..distributed import DistInfo
 from ..report import progress_bar
+from ..step_settings import DEFAULT_STEP_SETTINGS
 from .case import Case
 from .control import Control
 from .feeds import host_batches
@@ -27,6 +28,7 @@ from .measure import Settings, run_strategy
 from .registry import Strategy, registered
 from .schema import Report, StrategyResult
 from .table import percent, times
+from .throughput import fill_throughput
 from .workloads import ModelSpec
 
 
@@ -73,6 +75,8 @@ def run_suite(
                             task, description=f"{label} ({phase})"
                         ),
                     )
+                    per_step = info.world_size * batch_size * model.workload.per_sample
+                    fill_throughput(result, model.workload.unit, per_step)
                     eager = result if strategy.name == "eager" else eager
                     results.append(result)
                     bar.advance(task)
@@ -125,6 +129,7 @@ def describe_setup(info: DistInfo, plan: Plan, argv: list[str]) -> dict[str, Any
             "batch_sizes": plan.batch_sizes,
             "strategies": [s.name for s in plan.strategies],
             "note": plan.note,
+            "step_settings": asdict(DEFAULT_STEP_SETTINGS),
         },
     }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .schema import Report, StrategyResult
+from .throughput import throughput_cell
 
 DASH = "–"
 RESULT_HEADERS = [
@@ -18,6 +19,7 @@ RESULT_HEADERS = [
     "ms/step",
     "× eager",
     "GPU busy",
+    "throughput",
     "capture",
     "peak MiB",
     "DataLoader ms/step",
@@ -97,6 +99,7 @@ def result_row(result: StrategyResult) -> list[str]:
         str(result.batch_size),
         result.strategy,
         *_feed_cells(result, "device"),
+        throughput_cell(result),
         _capture(result),
         DASH if result.peak_memory_mib is None else f"{result.peak_memory_mib:.0f}",
         *_feed_cells(result, "dataloader"),
@@ -156,6 +159,7 @@ def markdown(report: Report, summary: list[dict[str, Any]]) -> str:
     parts.append(
         "ms/step: median over timing windows ± half their range. × eager: speedup over "
         "eager DDP with the same feed. GPU busy: time with a kernel, copy or memset running per step over step time. "
-        "vs recipe: capture_step's time over the hand-written recipe's (+ is slower)."
+        "vs recipe: capture_step's time over the hand-written recipe's (+ is slower). "
+        "throughput: tokens, images or samples per second over all ranks (device feed)."
     )
     return "\n".join(parts)

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..errors import DdpGraphUsageError, usage_error
 from ..models import BUILTIN_WORKLOADS, CPU_GPT_CONFIG, Workload, gpt_workload, mlp_workload
+from .presets import PRESETS, preset_workload
 
 # Per-GPU batch sizes benchmarked when `--batch-sizes` does not name the model: one
 # where launch overhead dominates, one where the GPU has more work per step.
@@ -71,10 +72,12 @@ def resolve_model(spec: str) -> ModelSpec:
     text = spec.strip()
     if text in BUILTIN_WORKLOADS:
         return ModelSpec(text, BUILTIN_WORKLOADS[text]())
+    if text in PRESETS:
+        return ModelSpec(text, preset_workload(text))
     if ":" not in text:
         raise usage_error(
             "`--model`",
-            f"expected one of {', '.join(BUILTIN_WORKLOADS)} or MODULE:FACTORY, got {spec!r}",
+            f"expected one of {', '.join([*BUILTIN_WORKLOADS, *PRESETS])} or MODULE:FACTORY, got {spec!r}",
             "use a built-in name, or point at your own factory, e.g. "
             "`--model my_models:make_workload`",
         )

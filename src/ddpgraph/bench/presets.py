@@ -1,0 +1,141 @@
+"""Benchmark presets: models people train, built from their libraries' configurations.
+
+    ddpgraph bench --model hf-gpt2,hf-llama,timm-vit,tv-resnet50
+
+Each preset makes a randomly initialised model from a configuration, so nothing is
+downloaded, with the library that defines it:
+
+* `hf-gpt2`: transformers `GPT2Config()` (GPT-2 124M), sequences of 256 tokens;
+* `hf-llama`: a transformers Llama, hidden size 512, 8 layers, 8 attention heads sharing
+  4 key/value heads, vocabulary 32000, sequences of 256 tokens;
+* `timm-vit`: `timm.create_model("vit_small_patch16_224", pretrained=False)`, 224² images;
+* `tv-resnet50`: `torchvision.models.resnet50(weights=None)`, 224² images.
+
+Both transformers models use PyTorch's `scaled_dot_product_attention`
+(`attn_implementation="sdpa"`): the "eager" attention of transformers synchronises with
+the host inside forward, which no CUDA graph can hold. A preset whose library is not
+installed is a usage error naming the package, raised before any worker starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import usage_error
+from ..models import GPTConfig, Workload, cnn_workload, gpt_workload
+
+SEQ_LEN = 256
+IMAGE_SIZE = 224
+IMAGENET_CLASSES = 1000
+# The Llama of the presets; intermediate_size is 3× the hidden size, the ratio of
+# Llama's SwiGLU blocks (LlamaConfig's default of 11008 suits hidden size 4096).
+LLAMA: dict[str, Any] = {
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+}
+
+
+class CausalLMLogits(nn.Module):
+    """A transformers causal language model called on token ids, returning the logits.
+
+    The benchmark's loss takes a tensor; the model's output object, and the key/value
+    cache a training step has no use for, stay inside.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def hf_gpt2(seq_len: int = SEQ_LEN, **config: Any) -> Workload:
+    """GPT-2 from `transformers.GPT2Config(**config)` (124M by default)."""
+    from transformers import GPT2Config
+
+    return _causal_lm("hf-gpt2", GPT2Config(**{"attn_implementation": "sdpa", **config}), seq_len)
+
+
+def hf_llama(seq_len: int = SEQ_LEN, **config: Any) -> Workload:
+    """A Llama from `transformers.LlamaConfig`: `LLAMA`, updated by `config`."""
+    from transformers import LlamaConfig
+
+    merged = {**LLAMA, "attn_implementation": "sdpa", **config}
+    return _causal_lm("hf-llama", LlamaConfig(**merged), seq_len)
+
+
+def _causal_lm(name: str, config: Any, seq_len: int) -> Workload:
+    from transformers import AutoModelForCausalLM
+
+    def build() -> nn.Module:
+        return CausalLMLogits(AutoModelForCausalLM.from_config(config))
+
+    # The built-in GPT's batches (a learnable next-token task) at this vocabulary.
+    tokens = gpt_workload(GPTConfig(vocab=config.vocab_size, block=seq_len))
+    return Workload(name, build, tokens.make_batch, tokens.loss, "tokens", seq_len)
+
+
+def timm_vit() -> Workload:
+    import timm
+
+    return _image_classifier(
+        "timm-vit", lambda: timm.create_model("vit_small_patch16_224", pretrained=False)
+    )
+
+
+def tv_resnet50() -> Workload:
+    from torchvision.models import resnet50
+
+    return _image_classifier("tv-resnet50", lambda: resnet50(weights=None))
+
+
+def _image_classifier(name: str, build: Callable[[], nn.Module]) -> Workload:
+    images = cnn_workload(image=IMAGE_SIZE, classes=IMAGENET_CLASSES)
+    return Workload(name, build, images.make_batch, images.loss, "images")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A preset's name, the package it is built with, and how."""
+
+    name: str
+    package: str
+    make: Callable[[], Workload]
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("hf-gpt2", "transformers", hf_gpt2),
+        Preset("hf-llama", "transformers", hf_llama),
+        Preset("timm-vit", "timm", timm_vit),
+        Preset("tv-resnet50", "torchvision", tv_resnet50),
+    )
+}
+
+
+def preset_workload(name: str) -> Workload:
+    """The preset's workload; a usage error naming the package when it cannot be imported."""
+    preset = PRESETS[name]
+    try:
+        importlib.import_module(preset.package)
+    except Exception as err:  # absent, or a build that does not match this torch
+        raise usage_error(
+            f"`--model {name}`",
+            f"expected the `{preset.package}` package, which builds this preset, to import; "
+            f"it did not ({type(err).__name__}: {err})",
+            f"install it (`pip install {preset.package}`) beside this torch, or leave "
+            f"{name} out of --model",
+        ) from err
+    return preset.make()

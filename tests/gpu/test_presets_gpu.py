@@ -1,0 +1,54 @@
+"""Bench presets and `capture_step(compile=True)` on GPUs (scenarios in
+tests/scenarios/gpu_presets.py, one torchrun launch; about a minute on one H200, most
+of it inductor compiling the small GPT of the compile switch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import gpu_world, ok, run_scenarios
+
+pytestmark = pytest.mark.gpu
+PRESETS = ["hf-gpt2", "hf-llama", "timm-vit", "tv-resnet50"]
+NAMES = [f"preset_{p.replace('-', '_')}" for p in PRESETS] + ["fused_adamw", "compile_switch"]
+# Compiled kernels are the same in the captured run and its eager reference; what is
+# left is the order of floating-point reductions across the graph boundary.
+COMPILED_TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("gpu_presets")
+    return run_scenarios("gpu_presets.py", NAMES, Path(out), nproc=gpu_world(), timeout=600)
+
+
+def _captures(ranks: list[dict[str, Any]]) -> None:
+    for r in ok(ranks):
+        if "skipped" in r:
+            pytest.skip(r["skipped"])
+        assert r["state"] == "captured", r["reason"]
+        assert r["stats"]["replays"] >= 3 and r["stats"]["captures"] == 1
+        assert r["losses_finite"] and r["params_moved"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_builds_and_captures(preset: str, results: dict[str, list[dict[str, Any]]]) -> None:
+    _captures(results[f"preset_{preset.replace('-', '_')}"])
+
+
+def test_fused_adamw_captures(results: dict[str, list[dict[str, Any]]]) -> None:
+    _captures(results["fused_adamw"])
+
+
+def test_compile_switch_captures_and_trains_like_the_compiled_model(
+    results: dict[str, list[dict[str, Any]]],
+) -> None:
+    for r in ok(results["compile_switch"]):
+        assert r["strategy"] == "compile"
+        assert r["state"] == "captured", r["reason"]
+        assert r["stats"]["replays"] > 0 and r["stats"]["captures"] == 1
+        assert not r["compiled_after_close"]  # the model is the user's again
+        assert r["loss_rel_diff"] <= COMPILED_TOL and r["param_rel_diff"] <= COMPILED_TOL, r
