@@ -169,7 +169,7 @@ def host_sync_finding(stack: Sequence[traceback.FrameSummary], setting: str | No
     call = library_call(stack, user)
     if call is None:
         what = f"`{where.source}` waits for the GPU" if where and where.source else "an operation waits for the GPU"
-        return Finding(Code.HOST_SYNC_IN_CAPTURE, what, location=where)
+        return Finding(Code.HOST_SYNC_IN_CAPTURE, what, setting or "", location=where)
     return Finding(
         Code.HOST_SYNC_IN_CAPTURE,
         _chain(where, call),

@@ -51,8 +51,15 @@ def _matches(e: Expected, code: str, rank: int, line: int | None) -> bool:
     return e.code == code and e.rank in (None, rank) and e.line in (None, line)
 
 
+def _line_in(name: str, location: dict[str, Any] | None) -> int | None:
+    """The finding's line if it is in script `name` itself (a mark's line is there)."""
+    if location is None or not str(location.get("file", name)).endswith(name):
+        return None
+    return int(location["line"])
+
+
 def score_report(name: str, report: dict[str, Any], expected: list[Expected], world: int) -> Score:
-    findings = [(f["code"], list(f["ranks"]), f["location"]["line"] if f["location"] else None) for f in report["findings"]]
+    findings = [(f["code"], list(f["ranks"]), _line_in(name, f["location"])) for f in report["findings"]]
     result = Score(
         name,
         [f"{e.code}@{e.line or '*'}" + (f" rank {e.rank}" if e.rank is not None else "") for e in expected],

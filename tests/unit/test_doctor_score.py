@@ -13,7 +13,8 @@ def report(*findings: tuple[str, list[int], int | None]) -> dict[str, Any]:
     return {
         "exit_code": 1 if findings else 0,
         "findings": [
-            {"code": c, "ranks": r, "location": None if line is None else {"line": line}} for c, r, line in findings
+            {"code": c, "ranks": r, "location": None if line is None else {"file": "/w/x.py", "line": line}}
+            for c, r, line in findings
         ],
     }
 
@@ -35,6 +36,12 @@ def test_an_extra_cause_is_wrong_and_a_finding_on_too_few_ranks_misses() -> None
 
 def test_the_wrong_line_is_wrong_and_missed() -> None:
     s = score_report("x.py", report(("SCRIPT_FAILED", [0, 1], 13)), [Expected("SCRIPT_FAILED", None, 12)], 2)
+    assert (s.right, s.wrong, s.missed) == (0, 1, 1)
+
+
+def test_a_line_of_another_file_is_not_the_marked_line() -> None:
+    elsewhere = {"exit_code": 1, "findings": [{"code": "SCRIPT_FAILED", "ranks": [0], "location": {"file": "/w/common.py", "line": 12}}]}
+    s = score_report("x.py", elsewhere, [Expected("SCRIPT_FAILED", None, 12)], 1)
     assert (s.right, s.wrong, s.missed) == (0, 1, 1)
 
 

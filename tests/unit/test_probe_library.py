@@ -165,3 +165,19 @@ def test_the_probes_findings_carry_the_setting_capture_step_reports(installed: d
     [finding] = ProbeResult([SyncEvent(stack, setting)]).findings()
     assert finding.code is Code.HOST_SYNC_IN_CAPTURE and finding.fix == setting
     assert "calls into transformers" in finding.happened
+
+
+def test_a_known_setting_is_the_fix_even_without_a_frame_of_the_users(installed: dict[str, Any]) -> None:
+    # Called from generated code only (a notebook cell, `python -c`): the library's own
+    # frame is the place, and the setting still the fix.
+    import torch
+
+    from ddpgraph.code_origin import is_installed_library
+
+    installed["transformers.ops"].Attention("eager")(torch.ones(2))
+    stack, setting = installed["transformers.ops"].seen[-1]
+    generated = traceback.FrameSummary("<stdin>", 1, "<module>")
+    library_only = [generated, *(f for f in stack if is_installed_library(f.filename))]
+    finding = host_sync_finding(library_only, setting)
+    assert finding.location is not None and finding.location.filename.endswith("ops.py")
+    assert finding.fix == setting and setting is not None

@@ -277,7 +277,7 @@ class Recorder:
     # ------------------------------------------------------------------ ddpgraph's own steps
     def ddpgraph_gave_up(self, finding: Finding, where: Location | None) -> None:
         """A ddpgraph step stopped capturing, for `finding` (agreed by every rank)."""
-        if finding.code is Code.NO_CUDA:
+        if finding.code is Code.NO_CUDA and not torch.cuda.is_available():
             self.add(no_gpu_finding("the ddpgraph step here ran every call eagerly, capturing nothing", where))
             return
         if any(f.code is finding.code for f in self.findings):
