@@ -14,7 +14,7 @@ Two ways out, chosen by what the installed PyTorch has:
   the way DDP rebuilds it when it is unpickled. A parameter holds its accumulator only
   weakly, so once the old reducer is gone the new reducer's constructor creates fresh
   nodes on the current stream. Every DDP setting lives on the DDP object or is re-applied
-  here (static graph, mixed precision, Python communication hooks), so the rebuilt reducer
+  here (static graph, Python communication hooks), so the rebuilt reducer
   behaves like the old one, starting again from iteration 0.
 
 Invariant: every rank adopts, or none does. Adoption is agreed before anything changes,
@@ -117,6 +117,14 @@ def adoption_refusal(ddp: DDP, method: Literal["rebuild", "override"]) -> Findin
             "this DistributedDataParallel model runs its Python reducer (compiled "
             "autograd), which has no C++ reducer to move to the capture stream"
         )
+    if getattr(ddp, "mixed_precision", None) is not None:
+        # Measured on an H200 (torch 2.11): a rebuilt reducer under DDP's prototype mixed
+        # precision trained 7% apart from the same DDP not rebuilt, so it is not adopted.
+        return _refusal(
+            "this DistributedDataParallel model uses DDP's prototype `mixed_precision`, "
+            "whose low-precision parameter copies and hooks a rebuilt reducer does not "
+            "carry over exactly"
+        )
     if getattr(ddp, "_delay_all_reduce_all_params", False):
         return _refusal(
             "every parameter of this DistributedDataParallel model is in "
@@ -177,9 +185,6 @@ def rebuild_reducer(ddp: DDP, stream: torch.cuda.Stream | None) -> int:
     ddp_._comm_hooks = []
     for hook, state in hooks:
         ddp_.register_comm_hook(state, hook)
-    mixed = getattr(ddp_, "mixed_precision", None)
-    if mixed is not None:
-        ddp_.reducer._set_mixed_precision_param_dtype(mixed.param_dtype)
     if ddp_.static_graph:
         ddp_.reducer._set_static_graph()
         ddp_.logger._set_static_graph()

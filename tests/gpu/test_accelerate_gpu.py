@@ -33,7 +33,10 @@ def test_accelerate_step_is_captured_and_trains_like_eager(
         print(f"{name} rank {r['rank']}: same losses = {r['same_losses']}, "
               f"param diff = {r['param_rel_diff']}")
         assert r["state"] == "captured" and r["code"] is None, r["reason"]
-        assert r["stats"]["replays"] == r["steps"] - 11
+        # Accelerate wraps the model in DDP only with several processes; a plain module
+        # warms up 3 steps, a DDP one 11.
+        assert r["stats"]["warmup_steps"] in (3, 11)
+        assert r["stats"]["replays"] == r["steps"] - r["stats"]["warmup_steps"]
         assert r["param_rel_diff"] <= TOL and r["loss_rel_diff"] <= TOL, r
 
 

@@ -37,9 +37,11 @@ def test_default_stream_ddp_is_captured_and_trains_like_eager(
         assert r["loss_rel_diff"] <= TOL and r["param_rel_diff"] <= TOL, r
 
 
-def test_ddp_mixed_precision_survives_the_reducer_rebuild(
+def test_ddp_mixed_precision_is_refused_by_name(
     results: dict[str, list[dict[str, Any]]],
 ) -> None:
+    # A rebuilt reducer under DDP's prototype mixed precision trained 7% apart from the
+    # same DDP not rebuilt (H200, torch 2.11): adoption refuses it and names it.
     for r in ok(results["mixed_precision_rebuilt"]):
-        assert r["refusal"] is None, r["refusal"]
+        assert r["refusal"] is not None and "mixed_precision" in r["refusal"], r["refusal"]
         assert r["bitwise_equal"], r["param_rel_diff"]

@@ -83,8 +83,8 @@ def _compare(info: DistInfo, **ddp_kwargs: Any) -> dict[str, Any]:
 
 
 def mixed_precision_rebuilt(info: DistInfo) -> dict[str, Any]:
-    """DDP's own mixed precision (CUDA only: it copies on a side stream with events) kept
-    by the reducer rebuild: trained eagerly, adopted against not adopted."""
+    """DDP's own mixed precision (CUDA only: it copies on a side stream with events):
+    adoption is refused, and the model trains on exactly as the one never offered."""
     from torch.nn.parallel.distributed import _MixedPrecision
 
     from ddpgraph.adopt import adopt_ddp
