@@ -35,6 +35,7 @@ def test_default_stream_ddp_is_captured_and_trains_like_eager(
         assert r["states"][11:] == ["captured"] * (len(r["states"]) - 11)
         assert r["stats"]["replays"] == len(r["states"]) - 11
         assert r["loss_rel_diff"] <= TOL and r["param_rel_diff"] <= TOL, r
+        assert r["bitwise_equal"], "same kernels, same data: expected bit for bit"
 
 
 def test_ddp_mixed_precision_survives_the_reducer_rebuild(
