@@ -158,6 +158,7 @@ class CUDAGraphCallback(pl.Callback):
         self._ran = False  # whether the last call ran the step function (not a replay)
         self._calls: list[LogCall] = []  # the last run of the step function
         self._graph_calls: list[LogCall] = []  # the recorded run: what a replay logs
+        self._graph_extra: dict[str, Any] = {}  # the recorded run's `training_step` extras
         self.reason: Finding | None = None
         self.stats: dict[str, Any] = {}
         self._last_state: str | None = None  # the step's state when training ended
@@ -225,10 +226,14 @@ class CUDAGraphCallback(pl.Callback):
         self._pending = (epoch, batch_idx, optimizer, optimizer_closure, kwargs)
         self._ran, captures = False, self._step.stats.captures
         loss, extra = self._step(kwargs["batch"])
-        if not self._ran:  # replayed: neither the closure nor `self.log` ran
-            optimizer_closure._result = ClosureResult(loss, extra=extra)  # type: ignore[union-attr]
-        elif self._step.stats.captures > captures:
+        ran = getattr(optimizer_closure, "_result", None) if self._ran else None
+        if self._ran and self._step.stats.captures > captures:
             self._graph_calls = self._calls
+            self._graph_extra = ran.extra if ran is not None else {}
+        # What the loop reads: the step's own outputs (copies, which outlive the next
+        # replay), with the recording's non-tensor extras after a replay.
+        kept = ran.extra if ran is not None else self._graph_extra
+        optimizer_closure._result = ClosureResult(loss, extra={**kept, **extra})  # type: ignore[union-attr]
         issue_logs(module, self._calls if self._ran else self._graph_calls)
         if self._step.reason is not None:
             self.reason = self._step.reason
