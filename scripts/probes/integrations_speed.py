@@ -5,8 +5,8 @@ Face Accelerate's `accelerator.prepare(...)`. GPU only.
     python scripts/probes/integrations_speed.py                       # one GPU
     torchrun --nproc_per_node=2 scripts/probes/integrations_speed.py  # two
 
-Models: ddpgraph's demo TinyGPT, and a transformers GPT-2 (6 layers, d=384, T=256) built
-from a config when transformers is installed. Batch 8 per GPU, bf16 autocast, AdamW. The
+Models: ddpgraph's demo TinyGPT (T=128, vocab 1000), and a transformers GPT-2 (6 layers,
+d=384, T=256, vocab 8192) built from a config when transformers is installed. Batch 8 per GPU, bf16 autocast, AdamW. The
 eager runs use the same graph-safe optimizer as the captured ones. Prints one table on
 rank 0; a run whose step was not captured says why instead of a speedup.
 """
@@ -25,9 +25,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
 from ddpgraph.distributed import shutdown
-from ddpgraph.models import TinyGPT
+from ddpgraph.models import GPTConfig, TinyGPT
 
-STEPS, TIMED, BATCH, VOCAB, T = 60, 40, 8, 8192, 256
+STEPS, TIMED, BATCH = 60, 40, 8
+Model = tuple[Callable[[], nn.Module], int, int]  # factory, vocabulary, sequence length
 
 
 class GPT2(nn.Module):
@@ -35,31 +36,33 @@ class GPT2(nn.Module):
         super().__init__()
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        cfg = GPT2Config(n_layer=6, n_embd=384, n_head=6, vocab_size=VOCAB, n_positions=T)
+        cfg = GPT2Config(n_layer=6, n_embd=384, n_head=6, vocab_size=8192, n_positions=256)
         self.lm = GPT2LMHeadModel(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm(input_ids=x).logits
 
 
-def _models() -> dict[str, Callable[[], nn.Module]]:
-    found: dict[str, Callable[[], nn.Module]] = {"tinygpt": TinyGPT}
+def _models() -> dict[str, Model]:
+    tiny = GPTConfig()
+    found: dict[str, Model] = {"tinygpt": (TinyGPT, tiny.vocab, tiny.block)}
     try:
         import transformers  # noqa: F401
 
-        found["gpt2"] = GPT2
+        found["gpt2"] = (GPT2, 8192, 256)
     except ImportError:
         pass
     return found
 
 
 def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1) % logits.shape[-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
 
-def _data(info: ddpgraph.DistInfo, vocab: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _data(info: ddpgraph.DistInfo, model: Model) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    _, vocab, length = model
     gen = torch.Generator().manual_seed(info.rank)
-    seqs = [torch.randint(0, vocab, (BATCH, T + 1), generator=gen) for _ in range(STEPS)]
+    seqs = [torch.randint(0, vocab, (BATCH, length + 1), generator=gen) for _ in range(STEPS)]
     return [(s[:, :-1].to(info.device), s[:, 1:].to(info.device)) for s in seqs]
 
 
@@ -74,9 +77,9 @@ def _timed(run_step: Callable[[Any, Any], Any], data: list[Any]) -> float:
     return (time.perf_counter() - start) * 1000 / TIMED
 
 
-def plain(info: ddpgraph.DistInfo, make: Callable[[], nn.Module], captured: bool) -> tuple[float, str]:
+def plain(info: ddpgraph.DistInfo, model: Model, captured: bool) -> tuple[float, str]:
     torch.manual_seed(0)
-    ddp = DDP(make().to(info.device), device_ids=[info.device.index])
+    ddp = DDP(model[0]().to(info.device), device_ids=[info.device.index])
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4)
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -87,10 +90,10 @@ def plain(info: ddpgraph.DistInfo, make: Callable[[], nn.Module], captured: bool
         opt.step()
         return loss.detach()
 
-    return _run(info, train_step, ddp, opt, captured, _data(info, VOCAB))
+    return _run(info, train_step, ddp, opt, captured, _data(info, model))
 
 
-def accelerate(info: ddpgraph.DistInfo, make: Callable[[], nn.Module], captured: bool) -> tuple[float, str]:
+def accelerate(info: ddpgraph.DistInfo, model: Model, captured: bool) -> tuple[float, str]:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -98,18 +101,18 @@ def accelerate(info: ddpgraph.DistInfo, make: Callable[[], nn.Module], captured:
     GradientState._reset_state()
     accelerator = Accelerator(mixed_precision="bf16")
     torch.manual_seed(0)
-    model = make()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    model, opt = accelerator.prepare(model, opt)
+    net = model[0]()
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-4)
+    net, opt = accelerator.prepare(net, opt)
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        loss = _loss(model(x), y)
+        loss = _loss(net(x), y)
         accelerator.backward(loss)
         opt.step()
         return loss.detach()
 
-    return _run(info, train_step, model, opt, captured, _data(info, VOCAB))
+    return _run(info, train_step, net, opt, captured, _data(info, model))
 
 
 def _run(info: ddpgraph.DistInfo, train_step: Callable[..., Any], model: nn.Module, opt: Any,
@@ -123,7 +126,7 @@ def _run(info: ddpgraph.DistInfo, train_step: Callable[..., Any], model: nn.Modu
     return ms, note
 
 
-def lightning(info: ddpgraph.DistInfo, make: Callable[[], nn.Module], captured: bool) -> tuple[float, str]:
+def lightning(info: ddpgraph.DistInfo, model: Model, captured: bool) -> tuple[float, str]:
     import lightning.pytorch as L
     from torch.utils.data import DataLoader
 
@@ -131,7 +134,7 @@ def lightning(info: ddpgraph.DistInfo, make: Callable[[], nn.Module], captured: 
         def __init__(self) -> None:
             super().__init__()
             torch.manual_seed(0)
-            self.net = make()
+            self.net = model[0]()
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
@@ -155,7 +158,7 @@ def lightning(info: ddpgraph.DistInfo, make: Callable[[], nn.Module], captured: 
                 torch.cuda.synchronize()
                 self.times[i] = time.perf_counter()
 
-    data = [(x.cpu(), y.cpu()) for x, y in _data(info, VOCAB)]
+    data = [(x.cpu(), y.cpu()) for x, y in _data(info, model)]
     loader = DataLoader(data, batch_size=None)
     graphs = ddpgraph.lightning.CUDAGraphCallback()
     clock = Clock()
@@ -182,13 +185,13 @@ def main() -> None:
         except ImportError:
             pass
     rows = []
-    for model_name, make in _models().items():
+    for model_name, model in _models().items():
         for run_name, run in runs.items():
-            eager, _ = run(info, make, False)
-            graphed, note = run(info, make, True)
+            eager, _ = run(info, model, False)
+            graphed, note = run(info, model, True)
             rows.append((model_name, run_name, eager, graphed, note))
     if info.is_main:
-        print(f"world size {info.world_size}, torch {torch.__version__}, batch {BATCH}, T={T}, bf16, ms/step over {TIMED} steps")
+        print(f"world size {info.world_size}, torch {torch.__version__}, batch {BATCH}, bf16, ms/step over {TIMED} steps")
         print(f"{'model':<9}{'built by':<12}{'eager':>8}{'captured':>10}{'speedup':>9}  note")
         for model_name, run_name, eager, graphed, note in rows:
             speed = f"{eager / graphed:.2f}x" if not note else "-"

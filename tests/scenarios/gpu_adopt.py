@@ -37,7 +37,8 @@ def _batches(info: DistInfo) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _setup(info: DistInfo, ddp_kwargs: dict[str, Any]):
-    ddp = DDP(_model(info), device_ids=[info.device.index], **ddp_kwargs)
+    device_ids = [info.device.index] if info.device.type == "cuda" else None
+    ddp = DDP(_model(info), device_ids=device_ids, **ddp_kwargs)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
 
