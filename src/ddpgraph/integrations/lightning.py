@@ -220,8 +220,16 @@ class CUDAGraphCallback(pl.Callback):
     ) -> None:
         assert self._step is not None and self._original is not None
         kwargs = _step_kwargs(optimizer_closure)
-        if kwargs is None:  # a closure of a Lightning version not known here
-            self._original(epoch, batch_idx, optimizer, optimizer_closure)
+        if kwargs is None:  # the same Lightning, so the same answer, on every rank
+            original = self._original
+            self._finish()
+            self._refuse(_unsupported(
+                f"Lightning {getattr(pl, '__version__', '?')} passes `optimizer_step` a closure of a shape "
+                "the callback does not know, so it cannot give the step its batch",
+                "report the Lightning version; training runs eagerly meanwhile",
+            ))
+            self._last_state = StepState.EAGER.value
+            original(epoch, batch_idx, optimizer, optimizer_closure)
             return
         self._pending = (epoch, batch_idx, optimizer, optimizer_closure, kwargs)
         self._ran, captures = False, self._step.stats.captures
