@@ -126,10 +126,14 @@ def main() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             env["MASTER_PORT"] = str(s.getsockname()[1])
-        proc = subprocess.run([sys.executable, __file__, "--case", case], env=env,
-                              capture_output=True, text=True, timeout=300, check=False)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        result = lines[-1][len("RESULT "):] if lines else f"FAIL crashed: {proc.stderr.strip().splitlines()[-1:]}"
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--case", case], env=env,
+                                  capture_output=True, text=True, timeout=300, check=False)
+        except subprocess.TimeoutExpired:
+            result = "FAIL hung for 300 s"
+        else:
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            result = lines[-1][len("RESULT "):] if lines else f"FAIL crashed: {proc.stderr.strip().splitlines()[-1:]}"
         got = result.split()[0]
         wrong += got not in (EXPECTED[case], "SKIP")
         print(f"{case:<5}{EXPECTED[case]:<10}{got:<6}{title}: {result[len(got) + 1:]}")

@@ -12,14 +12,14 @@ import pytest
 from launcher import gpu_world, ok, run_scenarios
 
 pytestmark = pytest.mark.gpu
-NAMES = ["plain", "find_unused", "bucket_view", "static_graph", "small_buckets"]
+NAMES = ["plain", "find_unused", "bucket_view", "static_graph", "small_buckets", "trained_before"]
 TOL = 1e-5  # the project's bound; expected bit for bit, printed below
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("gpu_adopt")
-    names = [*NAMES, "mixed_precision_rebuilt"]
+    names = [*NAMES, "mixed_precision_rebuilt", "kept_loss"]
     return run_scenarios("gpu_adopt.py", names, Path(out), nproc=gpu_world(), timeout=600)
 
 
@@ -35,6 +35,7 @@ def test_default_stream_ddp_is_captured_and_trains_like_eager(
         assert r["states"][11:] == ["captured"] * (len(r["states"]) - 11)
         assert r["stats"]["replays"] == len(r["states"]) - 11
         assert r["loss_rel_diff"] <= TOL and r["param_rel_diff"] <= TOL, r
+        assert r["bitwise_equal"], "same kernels, same data: expected bit for bit"
 
 
 def test_ddp_mixed_precision_is_refused_by_name(
@@ -45,3 +46,13 @@ def test_ddp_mixed_precision_is_refused_by_name(
     for r in ok(results["mixed_precision_rebuilt"]):
         assert r["refusal"] is not None and "mixed_precision" in r["refusal"], r["refusal"]
         assert r["bitwise_equal"], r["param_rel_diff"]
+
+
+def test_a_loss_kept_from_an_earlier_step_is_named(
+    results: dict[str, list[dict[str, Any]]],
+) -> None:
+    for r in ok(results["kept_loss"]):
+        if r["override_switch"]:
+            pytest.skip("PyTorch's override switch adopts without rebuilding the accumulators")
+        assert r["code"] == "DDP_STREAM_MISMATCH" and "earlier step" in r["reason"], r["reason"]
+        assert set(r["states"]) == {"eager"}

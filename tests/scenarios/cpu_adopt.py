@@ -169,7 +169,7 @@ def stale_graph_refused(info: DistInfo) -> dict[str, Any]:
     kept.backward()
     opt.step()
     _train(ref, ref_opt, batches[:1])
-    if info.rank == 0:
+    if info.rank != 1:
         del kept
     refusal = adopt_ddp(ddp, None, method="rebuild")
     _train(ddp, opt, batches[1:])

@@ -19,7 +19,7 @@ import ddpgraph
 from ddpgraph.distributed import DistInfo
 from ddpgraph.models import MLP
 
-STEPS = 30
+STEPS = 45
 
 
 def _model(info: DistInfo) -> nn.Module:
@@ -37,7 +37,8 @@ def _batches(info: DistInfo) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _setup(info: DistInfo, ddp_kwargs: dict[str, Any]):
-    ddp = DDP(_model(info), device_ids=[info.device.index], **ddp_kwargs)
+    device_ids = [info.device.index] if info.device.type == "cuda" else None
+    ddp = DDP(_model(info), device_ids=device_ids, **ddp_kwargs)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
 
@@ -51,17 +52,31 @@ def _setup(info: DistInfo, ddp_kwargs: dict[str, Any]):
     return ddp, opt, sched, train_step
 
 
-def _compare(info: DistInfo, **ddp_kwargs: Any) -> dict[str, Any]:
+def _compare(info: DistInfo, before: int = 0, keep_loss: bool = False, **ddp_kwargs: Any) -> dict[str, Any]:
+    """`before` eager steps on the default stream first, then `capture_step`; with
+    `keep_loss` the last of them stays referenced, holding the old accumulators."""
     batches = _batches(info)
     ref, ref_opt, ref_sched, ref_step = _setup(info, ddp_kwargs)
-    ddpgraph.graph_safe_optimizer(ref_opt)
     ref_losses = []
-    for x, y in batches:
+    for i, (x, y) in enumerate(batches):
+        if i == before:
+            ddpgraph.graph_safe_optimizer(ref_opt)  # where capture_step makes it graph-safe
         ref_losses.append(float(ref_step(x, y)))
         ref_sched.step()
 
     ddp, opt, sched, train_step = _setup(info, ddp_kwargs)
     losses, states = [], []
+    kept = None
+    for x, y in batches[:before]:
+        opt.zero_grad(set_to_none=True)
+        kept = F.cross_entropy(ddp(x), y)
+        kept.backward()
+        opt.step()
+        losses.append(float(kept.detach()))
+        sched.step()
+    if not keep_loss:
+        del kept
+    batches = batches[before:]
     with ddpgraph.capture_step(train_step, model=ddp, optimizer=opt) as step:
         for x, y in batches:
             losses.append(float(step(x, y)))
@@ -113,6 +128,8 @@ REGISTRY: dict[str, harness.Scenario] = {
     "bucket_view": lambda info: _compare(info, gradient_as_bucket_view=True),
     "static_graph": lambda info: _compare(info, static_graph=True),
     "small_buckets": lambda info: _compare(info, bucket_cap_mb=0.05),
+    "trained_before": lambda info: _compare(info, before=20),
+    "kept_loss": lambda info: _compare(info, before=3, keep_loss=True),
 }
 
 if __name__ == "__main__":

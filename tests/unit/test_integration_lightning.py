@@ -43,3 +43,25 @@ def test_the_callback_is_reachable_lazily_from_the_package() -> None:
     from ddpgraph.lightning import CUDAGraphCallback
 
     assert CUDAGraphCallback().state == "warmup"
+
+
+def test_a_closure_of_an_unknown_shape_is_refused_once_and_runs_eagerly() -> None:
+    module = Module()
+    callback = ddpgraph.lightning.CUDAGraphCallback(backend=ddpgraph.PassThroughBackend())
+    ran: list[tuple[object, ...]] = []
+    callback._original = lambda *args: ran.append(args)
+    callback._module = module
+    module.optimizer_step = callback._original  # type: ignore[method-assign]
+    callback._step = ddpgraph.capture_step(
+        lambda batch: batch, model=torch.nn.Linear(1, 1), backend=ddpgraph.PassThroughBackend()
+    )
+
+    def closure() -> None:
+        return None
+
+    with pytest.warns(ddpgraph.DdpGraphWarning, match="UNSUPPORTED_SETUP"):
+        callback._optimizer_step(module, 0, 3, "optimizer", closure)
+    assert ran == [(0, 3, "optimizer", closure)]  # Lightning's own step ran, once
+    assert callback.state == "eager" and callback.reason is not None
+    assert callback.reason.code is ddpgraph.Code.UNSUPPORTED_SETUP
+    assert "optimizer_step" not in vars(module)

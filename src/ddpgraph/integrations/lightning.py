@@ -158,6 +158,7 @@ class CUDAGraphCallback(pl.Callback):
         self._ran = False  # whether the last call ran the step function (not a replay)
         self._calls: list[LogCall] = []  # the last run of the step function
         self._graph_calls: list[LogCall] = []  # the recorded run: what a replay logs
+        self._graph_extra: dict[str, Any] = {}  # the recorded run's `training_step` extras
         self.reason: Finding | None = None
         self.stats: dict[str, Any] = {}
         self._last_state: str | None = None  # the step's state when training ended
@@ -219,16 +220,28 @@ class CUDAGraphCallback(pl.Callback):
     ) -> None:
         assert self._step is not None and self._original is not None
         kwargs = _step_kwargs(optimizer_closure)
-        if kwargs is None:  # a closure of a Lightning version not known here
-            self._original(epoch, batch_idx, optimizer, optimizer_closure)
+        if kwargs is None:  # the same Lightning, so the same answer, on every rank
+            original = self._original
+            self._finish()
+            self._refuse(_unsupported(
+                f"Lightning {getattr(pl, '__version__', '?')} passes `optimizer_step` a closure of a shape "
+                "the callback does not know, so it cannot give the step its batch",
+                "report the Lightning version; training runs eagerly meanwhile",
+            ))
+            self._last_state = StepState.EAGER.value
+            original(epoch, batch_idx, optimizer, optimizer_closure)
             return
         self._pending = (epoch, batch_idx, optimizer, optimizer_closure, kwargs)
         self._ran, captures = False, self._step.stats.captures
         loss, extra = self._step(kwargs["batch"])
-        if not self._ran:  # replayed: neither the closure nor `self.log` ran
-            optimizer_closure._result = ClosureResult(loss, extra=extra)  # type: ignore[union-attr]
-        elif self._step.stats.captures > captures:
+        ran = getattr(optimizer_closure, "_result", None) if self._ran else None
+        if self._ran and self._step.stats.captures > captures:
             self._graph_calls = self._calls
+            self._graph_extra = ran.extra if ran is not None else {}
+        # What the loop reads: the step's own outputs (copies, which outlive the next
+        # replay), with the recording's non-tensor extras after a replay.
+        kept = ran.extra if ran is not None else self._graph_extra
+        optimizer_closure._result = ClosureResult(loss, extra={**kept, **extra})  # type: ignore[union-attr]
         issue_logs(module, self._calls if self._ran else self._graph_calls)
         if self._step.reason is not None:
             self.reason = self._step.reason
