@@ -46,14 +46,33 @@ class SyncEvent:
 class ProbeResult:
     events: list[SyncEvent] = field(default_factory=list)
 
-    def findings(self, *, during_capture: bool = False) -> list[Finding]:
-        """One finding per cause and place; `during_capture` as in `classify`."""
+    def findings(self, *, during_capture: bool = False, defer_library: bool = False) -> list[Finding]:
+        """One finding per cause and place; `during_capture` as in `classify`.
+
+        `defer_library` leaves out host synchronisations made inside an installed library
+        (see `deferred`): libraries test whether a CUDA graph is being recorded and skip
+        such checks while it is (transformers' mask building does), so only a capture
+        can tell whether they break it, and a failed capture is diagnosed from the
+        synchronisations recorded during it."""
         found: dict[tuple[Code, Location | None], Finding] = {}
         for event in self.events:
             finding = classify(event.stack, during_capture=during_capture, setting=event.setting)
-            if finding is not None:
-                found.setdefault((finding.code, finding.location), finding)
+            if finding is None or (defer_library and self._in_library(event, finding)):
+                continue
+            found.setdefault((finding.code, finding.location), finding)
         return list(found.values())
+
+    def deferred(self) -> list[Finding]:
+        """The findings `findings(defer_library=True)` leaves out, for the log."""
+        return [
+            f
+            for e in self.events
+            if (f := classify(e.stack, setting=e.setting)) is not None and self._in_library(e, f)
+        ]
+
+    @staticmethod
+    def _in_library(event: SyncEvent, finding: Finding) -> bool:
+        return finding.code is Code.HOST_SYNC_IN_CAPTURE and library_call(event.stack, user_frame(event.stack)) is not None
 
 
 @contextmanager
