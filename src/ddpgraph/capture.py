@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
@@ -31,15 +30,15 @@ from .backend_choice import choose_backend
 from .backends import CudaGraphBackend, GraphBackend
 from .call_guard import unservable
 from .distributed import current_rank
-from .engine import Captured, CaptureEngine, Report, StepState, StepStats
+from .engine import Captured, CaptureEngine, Report, StepState, StepStats, has_peers
 from .errors import DdpGraphUsageError, usage_error
 from .findings import Code, Finding
 from .inputs import check_supported, leaf_paths, stage_leaves
-from .options import CaptureOptions
+from .options import DEFAULT_AGREE_EVERY, CaptureOptions
 from .param_guard import ParamLayout
 from .probe import host_sync_probe
 from .probe_checks import ProbeWatch
-from .replay import OnFailure, UnservedCalls
+from .replay import OnFailure
 from .rng import generators_refusal, keep_states
 from .snapshot import Restorable, TrainingSnapshot
 from .step_optimizers import StepOptimizers
@@ -67,7 +66,7 @@ class CapturedStep(CaptureEngine[R]):
     """
 
     def __init__(self, fn: Callable[..., R], *, model: nn.Module, optimizers: Sequence[Optimizer], options: CaptureOptions) -> None:
-        super().__init__(fn, model, options, shared=_has_peers(model))
+        super().__init__(fn, model, options, shared=has_peers(model))
         self._optim = StepOptimizers(optimizers, self._device)
         self._generators = list(options.generators)
         self._restorables: list[Restorable] = [options.scaler] if options.scaler is not None else []
@@ -76,7 +75,6 @@ class CapturedStep(CaptureEngine[R]):
         self._per_step = 1
         self._gate_open = True
         self._layout: ParamLayout | None = None
-        self._unserved = UnservedCalls(options.on_input_change)
         self._hooks: list[Any] = []
         self._capture_after = 0
         self._setup_refusal: Finding | None = None
@@ -279,15 +277,6 @@ class CapturedStep(CaptureEngine[R]):
                 self.report(report)
 
 
-def _has_peers(model: nn.Module) -> bool:
-    """Whether the step's decisions involve other ranks: a DDP model over a group of
-    more than one process."""
-    if not (isinstance(model, DDP) and dist.is_available() and dist.is_initialized()):
-        return False
-    return dist.get_world_size(model.process_group) > 1
-
-
-
 def capture_step(
     fn: Callable[..., R],
     *,
@@ -387,7 +376,7 @@ def capture_step(
     options = CaptureOptions(
         warmup_steps, on_failure, on_input_change, clone_outputs, stream, pool, backend,
         generators=tuple(generators), scaler=scaler,
-        **({} if agree_every is None else {"agree_every": agree_every}),
+        agree_every=DEFAULT_AGREE_EVERY if agree_every is None else agree_every,
     )
     return CapturedStep(fn, model=model, optimizers=as_optimizers(optimizer), options=options)
 

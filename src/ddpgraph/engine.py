@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -44,10 +45,19 @@ from .findings import Code, Finding
 from .inputs import Signature, StaticInputs, flatten_call, leaf_paths
 from .options import CaptureOptions
 from .probe import host_sync_probe
-from .replay import Recording, fall_back, run_eager_call
+from .replay import Recording, UnservedCalls, fall_back, run_eager_call
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
+_Self = TypeVar("_Self", bound="CaptureEngine[Any]")
+
+
+def has_peers(model: nn.Module) -> bool:
+    """Whether a step's decisions involve other ranks: a DDP model over a group of more
+    than one process. Any other step decides alone."""
+    if not (isinstance(model, DDP) and dist.is_available() and dist.is_initialized()):
+        return False
+    return dist.get_world_size(model.process_group) > 1
 
 
 class StepState(str, enum.Enum):
@@ -103,7 +113,7 @@ class CaptureEngine(Generic[R]):
         # A step on a model without a process group decides alone: another rank may
         # have no such step at all (an EMA or teacher model built on one rank).
         self._shared = shared and isinstance(model, DDP)
-        self._group = model.process_group if self._shared else None
+        self._group: Any = model.process_group if self._shared else None
         self.stats = StepStats()
         self._state = StepState.WARMUP
         self._reason: Finding | None = None
@@ -114,6 +124,7 @@ class CaptureEngine(Generic[R]):
         self._every = options.agree_every if self._shared else 1
         self._backend: GraphBackend | None = options.backend
         self._stream: torch.cuda.Stream | None = None
+        self._unserved = UnservedCalls(options.on_input_change)
 
     # ----------------------------------------------------------------- surface
     @property
@@ -150,6 +161,12 @@ class CaptureEngine(Generic[R]):
         if self._pending is None and self._state is StepState.CAPTURED:
             self._pending = report
 
+    def count_eager_call(self, *, input_change: bool) -> None:
+        """Count a call that a wrapping step ran eagerly itself, without this engine."""
+        self.stats.calls += 1
+        self.stats.eager_steps += 1
+        self.stats.input_changes += int(input_change)
+
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if self._state is StepState.CLOSED:
             raise DdpGraphError(Finding(Code.STEP_CLOSED, "this step was closed", subject=self.subject))
@@ -173,7 +190,7 @@ class CaptureEngine(Generic[R]):
         self._policy_close()
         self._state = StepState.CLOSED
 
-    def __enter__(self) -> CaptureEngine[R]:
+    def __enter__(self: _Self) -> _Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -190,8 +207,11 @@ class CaptureEngine(Generic[R]):
             return Decision([outcome])
         return agree(outcome, self._group, self._device)
 
-    def _outcome(self, findings: list[Finding], action: Action = Action.EAGER, **counts: int) -> Outcome:
-        return Outcome(current_rank(), not findings, findings, action=action if findings else Action.CONTINUE, **counts)
+    def _outcome(self, findings: list[Finding], action: Action = Action.EAGER, forwards: int = 0, forwards_per_step: int = 0) -> Outcome:
+        return Outcome(
+            current_rank(), not findings, findings, forwards, forwards_per_step,
+            action=action if findings else Action.CONTINUE,
+        )
 
     # ----------------------------------------------------------------- replays
     def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
@@ -273,7 +293,8 @@ class CaptureEngine(Generic[R]):
             warnings.simplefilter("always")
             try:
                 graph = backend.capture(record, stream=self._stream, pool=self._options.pool, **extra)
-                outcome = Outcome(current_rank(), True)
+                problem = self._policy_recording_problem()
+                outcome = Outcome(current_rank(), problem is None, [problem] if problem else [], action=Action.EAGER)
             except CaptureError as err:
                 finding = finding_from_capture_error(err, [str(w.message) for w in caught], syncs)
                 stuck = not ddp_tools.reducer_finalized(self._model)
@@ -340,6 +361,10 @@ class CaptureEngine(Generic[R]):
         """What puts the step's state back after a stand-in recording (which ran the
         step) and after a failed one."""
         raise NotImplementedError
+
+    def _policy_recording_problem(self) -> Finding | None:
+        """Why a recording that succeeded must not be used."""
+        return None
 
     def _policy_captured(self) -> None:
         pass
