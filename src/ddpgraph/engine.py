@@ -125,6 +125,7 @@ class CaptureEngine(Generic[R]):
         self._backend: GraphBackend | None = options.backend
         self._stream: torch.cuda.Stream | None = None
         self._unserved = UnservedCalls(options.on_input_change)
+        self._force_eager = False
 
     # ----------------------------------------------------------------- surface
     @property
@@ -161,11 +162,14 @@ class CaptureEngine(Generic[R]):
         if self._pending is None and self._state is StepState.CAPTURED:
             self._pending = report
 
-    def count_eager_call(self, *, input_change: bool) -> None:
-        """Count a call that a wrapping step ran eagerly itself, without this engine."""
-        self.stats.calls += 1
-        self.stats.eager_steps += 1
-        self.stats.input_changes += int(input_change)
+    def eager_call(self, *args: Any, **kwargs: Any) -> R:
+        """Run this call eagerly (a wrapping step saw a change the graph cannot serve),
+        counted and agreed on exactly like the replay it replaces."""
+        self._force_eager = True
+        try:
+            return self(*args, **kwargs)
+        finally:
+            self._force_eager = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if self._state is StepState.CLOSED:
@@ -232,8 +236,11 @@ class CaptureEngine(Generic[R]):
             # Reported, not yet agreed: eager steps pair with the peers' replays.
             self.stats.eager_steps += 1
             return self._eager(leaves, spec)
-        eager = self._policy_unserved(record, args, kwargs, leaves, spec)
-        if eager:
+        if self._force_eager:
+            self.stats.input_changes += 1
+            self.stats.eager_steps += 1
+            return self._eager(leaves, spec)
+        if self._policy_unserved(record, args, kwargs, leaves, spec):
             self.stats.eager_steps += 1
             return self._eager(leaves, spec)
         return self._replay(record, leaves)

@@ -38,14 +38,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from .. import ddp as ddp_tools
-from ..agreement import Outcome, agree
+from ..agreement import Action, Outcome, agree
 from ..capture import CapturedStep, StepState, StepStats
 from ..distributed import current_rank
-from ..errors import DdpGraphError, DdpGraphWarning, usage_error
+from ..engine import Report
+from ..errors import DdpGraphWarning, usage_error
 from ..findings import Code, Finding
-from ..streams import capture_stream
 from ..warmup import default_warmup_steps
-from .base import CaptureOptions, R, Reason, StepBase, like_static_inputs, run_eager
+from .base import CaptureOptions, R, Reason, StepBase, like_static_inputs
 from .dynamo import (
     CompileSpec,
     InPlaceCompile,
@@ -282,10 +282,12 @@ class CompiledStep(StepBase[R]):
         self._settling = True
 
     def _eager_instead(self, finding: Finding, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        """A change Dynamo would recompile for: this call runs eagerly, through the
+        captured step, so that it is counted and agreed on like a replay. Under
+        `on_input_change="raise"` it is reported, and raised on every rank together."""
         if self._options.on_input_change == "raise":
-            raise DdpGraphError(finding)
-        self._core.count_eager_call(input_change=True)
-        if not self._warned_layout:
+            self._core.report(Report(finding, Action.RAISE))
+        elif not self._warned_layout:
             self._warned_layout = True
             warnings.warn(
                 f"{finding.format()}\nThis step runs eagerly (torch.compile recompiles as needed), "
@@ -293,10 +295,7 @@ class CompiledStep(StepBase[R]):
                 DdpGraphWarning,
                 stacklevel=3,
             )
-        stream = self._options.stream or ddp_tools.built_on_stream(self._target)
-        if stream is None and self._device.type == "cuda" and torch.cuda.is_available():
-            stream = capture_stream(self._device)
-        return run_eager(self._fn, args, kwargs, self._device, stream)
+        return self._core.eager_call(*args, **kwargs)
 
     def _release(self) -> None:
         self._core.close()
