@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
@@ -32,16 +31,16 @@ from .backend_choice import choose_backend, needs_adoption
 from .backends import CudaGraphBackend, GraphBackend
 from .call_guard import unservable
 from .distributed import current_rank
-from .engine import Captured, CaptureEngine, Report, StepState, StepStats
+from .engine import Captured, CaptureEngine, Report, StepState, StepStats, has_peers
 from .errors import DdpGraphUsageError, usage_error
 from .findings import Code, Finding
 from .inputs import check_supported, leaf_paths, stage_leaves
 from .integrations.accelerate import unwrap_optimizers
-from .options import CaptureOptions
+from .options import DEFAULT_AGREE_EVERY, CaptureOptions
 from .param_guard import ParamLayout
 from .probe import host_sync_probe
 from .probe_checks import ProbeWatch
-from .replay import OnFailure, UnservedCalls
+from .replay import OnFailure
 from .rng import generators_refusal, keep_states
 from .snapshot import Restorable, TrainingSnapshot
 from .step_optimizers import StepOptimizers
@@ -72,7 +71,7 @@ class CapturedStep(CaptureEngine[R]):
     """
 
     def __init__(self, fn: Callable[..., R], *, model: nn.Module, optimizers: Sequence[Optimizer], options: CaptureOptions) -> None:
-        super().__init__(fn, model, options, shared=_has_peers(model))
+        super().__init__(fn, model, options, shared=has_peers(model))
         # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
         inner, wrapper_refusal = unwrap_optimizers(optimizers)
         self._optim = StepOptimizers(inner, self._device)
@@ -83,7 +82,6 @@ class CapturedStep(CaptureEngine[R]):
         self._per_step = 1
         self._gate_open = True
         self._layout: ParamLayout | None = None
-        self._unserved = UnservedCalls(options.on_input_change)
         self._hooks: list[Any] = []
         self._capture_after = 0
         self._setup_refusal: Finding | None = None
@@ -293,15 +291,6 @@ class CapturedStep(CaptureEngine[R]):
                 self.report(report)
 
 
-def _has_peers(model: nn.Module) -> bool:
-    """Whether the step's decisions involve other ranks: a DDP model over a group of
-    more than one process."""
-    if not (isinstance(model, DDP) and dist.is_available() and dist.is_initialized()):
-        return False
-    return dist.get_world_size(model.process_group) > 1
-
-
-
 # `compile=True` returns the compile strategy's step (strategies/compile_switch.py).
 @overload
 def capture_step(
@@ -431,7 +420,7 @@ def capture_step(
     options = CaptureOptions(
         warmup_steps, on_failure, on_input_change, clone_outputs, stream, pool, backend,
         generators=tuple(generators), scaler=scaler,
-        **({} if agree_every is None else {"agree_every": agree_every}),
+        agree_every=DEFAULT_AGREE_EVERY if agree_every is None else agree_every,
     )
     if compile is not False:
         from .strategies.compile_switch import capture_compiled

@@ -6,6 +6,7 @@ capture stream and counts the reducer's iterations, which the warm-up policy nee
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -210,3 +211,17 @@ def restart_counter(model: DDP) -> None:
     counter = ForwardCounter()
     model.register_forward_pre_hook(counter)
     setattr(model, _COUNTER_ATTR, counter)
+
+
+def keep_forward_sync(model: nn.Module) -> Callable[[], None]:
+    """What puts back DDP's `require_forward_param_sync` as it is now. DDP's forward
+    clears it under no_grad, and it decides whether the next forward broadcasts buffers:
+    a failed recording ran no broadcast, so the eager call that replaces it must still
+    make one, as eager training would."""
+    was = getattr(model, "require_forward_param_sync", None)
+
+    def restore() -> None:
+        if was is not None:
+            model.require_forward_param_sync = was  # type: ignore[assignment]
+
+    return restore

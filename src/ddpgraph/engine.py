@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -44,10 +45,19 @@ from .findings import Code, Finding
 from .inputs import Signature, StaticInputs, flatten_call, leaf_paths
 from .options import CaptureOptions
 from .probe import host_sync_probe
-from .replay import Recording, fall_back, run_eager_call
+from .replay import Recording, UnservedCalls, fall_back, run_eager_call
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
+_Self = TypeVar("_Self", bound="CaptureEngine[Any]")
+
+
+def has_peers(model: nn.Module) -> bool:
+    """Whether a step's decisions involve other ranks: a DDP model over a group of more
+    than one process. Any other step decides alone."""
+    if not (isinstance(model, DDP) and dist.is_available() and dist.is_initialized()):
+        return False
+    return dist.get_world_size(model.process_group) > 1
 
 
 class StepState(str, enum.Enum):
@@ -103,7 +113,7 @@ class CaptureEngine(Generic[R]):
         # A step on a model without a process group decides alone: another rank may
         # have no such step at all (an EMA or teacher model built on one rank).
         self._shared = shared and isinstance(model, DDP)
-        self._group = model.process_group if self._shared else None
+        self._group: Any = model.process_group if self._shared else None
         self.stats = StepStats()
         self._state = StepState.WARMUP
         self._reason: Finding | None = None
@@ -114,6 +124,8 @@ class CaptureEngine(Generic[R]):
         self._every = options.agree_every if self._shared else 1
         self._backend: GraphBackend | None = options.backend
         self._stream: torch.cuda.Stream | None = None
+        self._unserved = UnservedCalls(options.on_input_change)
+        self._force_eager = False
 
     # ----------------------------------------------------------------- surface
     @property
@@ -150,6 +162,15 @@ class CaptureEngine(Generic[R]):
         if self._pending is None and self._state is StepState.CAPTURED:
             self._pending = report
 
+    def eager_call(self, *args: Any, **kwargs: Any) -> R:
+        """Run this call eagerly (a wrapping step saw a change the graph cannot serve),
+        counted and agreed on exactly like the replay it replaces."""
+        self._force_eager = True
+        try:
+            return self(*args, **kwargs)
+        finally:
+            self._force_eager = False
+
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if self._state is StepState.CLOSED:
             raise DdpGraphError(Finding(Code.STEP_CLOSED, "this step was closed", subject=self.subject))
@@ -173,7 +194,7 @@ class CaptureEngine(Generic[R]):
         self._policy_close()
         self._state = StepState.CLOSED
 
-    def __enter__(self) -> CaptureEngine[R]:
+    def __enter__(self: _Self) -> _Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -190,8 +211,11 @@ class CaptureEngine(Generic[R]):
             return Decision([outcome])
         return agree(outcome, self._group, self._device)
 
-    def _outcome(self, findings: list[Finding], action: Action = Action.EAGER, **counts: int) -> Outcome:
-        return Outcome(current_rank(), not findings, findings, action=action if findings else Action.CONTINUE, **counts)
+    def _outcome(self, findings: list[Finding], action: Action = Action.EAGER, forwards: int = 0, forwards_per_step: int = 0) -> Outcome:
+        return Outcome(
+            current_rank(), not findings, findings, forwards, forwards_per_step,
+            action=action if findings else Action.CONTINUE,
+        )
 
     # ----------------------------------------------------------------- replays
     def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
@@ -212,8 +236,11 @@ class CaptureEngine(Generic[R]):
             # Reported, not yet agreed: eager steps pair with the peers' replays.
             self.stats.eager_steps += 1
             return self._eager(leaves, spec)
-        eager = self._policy_unserved(record, args, kwargs, leaves, spec)
-        if eager:
+        if self._force_eager:
+            self.stats.input_changes += 1
+            self.stats.eager_steps += 1
+            return self._eager(leaves, spec)
+        if self._policy_unserved(record, args, kwargs, leaves, spec):
             self.stats.eager_steps += 1
             return self._eager(leaves, spec)
         return self._replay(record, leaves)
@@ -256,6 +283,7 @@ class CaptureEngine(Generic[R]):
         static_args, static_kwargs = static.call_args()
         graph: CapturedGraph | None = None
         start = time.perf_counter()
+        restore_forward_sync = ddp_tools.keep_forward_sync(self._model)
         # Warnings raised while recording tell some causes apart (DDP's stream warning; the
         # host syncs that sync debug mode reports, which CUDA reports only as an invalidated
         # capture). The probe covers the step alone, not ddpgraph's own capture setup.
@@ -273,7 +301,8 @@ class CaptureEngine(Generic[R]):
             warnings.simplefilter("always")
             try:
                 graph = backend.capture(record, stream=self._stream, pool=self._options.pool, **extra)
-                outcome = Outcome(current_rank(), True)
+                problem = self._policy_recording_problem()
+                outcome = Outcome(current_rank(), problem is None, [problem] if problem else [], action=Action.EAGER)
             except CaptureError as err:
                 finding = finding_from_capture_error(err, [str(w.message) for w in caught], syncs)
                 stuck = not ddp_tools.reducer_finalized(self._model)
@@ -301,6 +330,7 @@ class CaptureEngine(Generic[R]):
             return self._replay(self._record, leaves)
         if graph is not None:
             graph.release()
+        restore_forward_sync()
         if decision.reducer_needs_reset:
             # Every rank resets together: the reset makes the next backward rebuild
             # buckets, with a collective.
@@ -340,6 +370,10 @@ class CaptureEngine(Generic[R]):
         """What puts the step's state back after a stand-in recording (which ran the
         step) and after a failed one."""
         raise NotImplementedError
+
+    def _policy_recording_problem(self) -> Finding | None:
+        """Why a recording that succeeded must not be used."""
+        return None
 
     def _policy_captured(self) -> None:
         pass

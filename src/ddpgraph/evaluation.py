@@ -30,10 +30,9 @@ by default when a pool is shared.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
@@ -41,17 +40,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import ddp as ddp_tools
-from .agreement import Decision, Outcome, agree
-from .backends import CapturedGraph, CaptureError, CudaGraphBackend, GraphBackend
-from .capture import StepState
-from .diagnose import finding_from_capture_error
+from .agreement import Action, Outcome
+from .backends import CudaGraphBackend, GraphBackend
 from .distributed import current_rank
+from .engine import Captured, CaptureEngine, Report, StepState, has_peers
 from .errors import usage_error
 from .findings import Code, Finding
-from .inputs import Signature, StaticInputs, check_supported, flatten_call, leaf_paths
+from .inputs import StaticInputs, check_supported
+from .options import CaptureOptions
 from .probe import host_sync_probe
-from .replay import OnFailure, Recording, UnservedCalls, check_policies, fall_back
-from .strategies.base import StepBase, like_static_inputs, run_eager
+from .replay import OnFailure
 from .strategies.dynamo import compile_count
 from .streams import capture_stream
 
@@ -88,194 +86,118 @@ def evaluating(model: nn.Module) -> Iterator[None]:
             ddp.require_forward_param_sync = sync
 
 
-class CapturedEval(StepBase[R]):
+class CapturedEval(CaptureEngine[R]):
     """An evaluation function that warms up eagerly, is captured once, then replays.
-    Build it with `capture_eval`."""
+    Build it with `capture_eval`. The capture engine (`engine`) plus the evaluation's
+    policy: eval mode around every call, compiling settled before capture, and a new
+    capture after the training step sharing its pool was captured again."""
 
     strategy = "eval"
+    subject = "`capture_eval` evaluation"
+    continues = "Evaluation continues eagerly."
 
-    def __init__(
-        self,
-        fn: Callable[..., R],
-        *,
-        model: nn.Module,
-        training_step: Any,
-        pool: Any,
-        warmup_steps: int,
-        on_failure: OnFailure,
-        on_input_change: OnFailure,
-        clone_outputs: bool | None,
-        stream: torch.cuda.Stream | None,
-        backend: GraphBackend | None,
-    ) -> None:
-        super().__init__()
-        self._fn = fn
-        self._model = model
+    def __init__(self, fn: Callable[..., R], *, model: nn.Module, training_step: Any, options: CaptureOptions) -> None:
+        pool = options.pool if options.pool is not None else getattr(training_step, "pool", None)
+        super().__init__(fn, model, replace(options, pool=pool), shared=has_peers(model))
         self._training_step = training_step
-        self._pool = pool if pool is not None else getattr(training_step, "pool", None)
-        self._warmup_steps = warmup_steps
-        self._on_failure = on_failure
-        self._on_input_change = on_input_change
-        self._clone = clone_outputs if clone_outputs is not None else self._pool is not None
-        self._device = ddp_tools.model_device(model)
-        self._group = model.process_group if isinstance(model, DDP) else None
-        self._shared = isinstance(model, DDP)  # its collectives make every decision shared
-        self._state = StepState.WARMUP
-        self._recording: Recording[R] | None = None
         self._training_captures = 0
         self._extra_warmup = 0
         self._probed = False
-        self._unserved = UnservedCalls(on_input_change)
-        self._backend: GraphBackend | None = backend
-        self._stream = stream
+        self._compiles_before = 0
         if self._device.type == "cuda" and torch.cuda.is_available():
-            self._stream = stream or ddp_tools.built_on_stream(model) or capture_stream(self._device)
-            self._backend = backend or CudaGraphBackend()
-        elif backend is None:
+            self._stream = options.stream or ddp_tools.built_on_stream(model) or capture_stream(self._device)
+            self._backend = options.backend or CudaGraphBackend()
+        elif options.backend is None:
             why = "CUDA is not available" if not torch.cuda.is_available() else f"the model is on {self._device}"
             self._give_up(Finding(Code.NO_CUDA, f"{why}; the evaluation runs eagerly", subject="`capture_eval`"), warn=False)
-
-    # ------------------------------------------------------------------ surface
-    @property
-    def subject(self) -> str:
-        return "`capture_eval` evaluation"
+        else:
+            self._stream = options.stream
 
     @property
     def pool_shared(self) -> bool:
         """Whether the evaluation graph records into another graph's memory pool."""
-        return self._pool is not None
+        return self._options.pool is not None
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
-        self._check_open()
-        self.stats.calls += 1
         with evaluating(self._model):
             if self._state is StepState.CAPTURED and self._training_recaptured():
-                self._drop_graph()
+                # The training step's capture is agreed, so every rank sees this together.
+                self._drop_record()
                 self._state = StepState.WARMUP
-            if self._state is StepState.CAPTURED:
-                return self._replay(args, kwargs)
-            if self._state is StepState.EAGER:
-                self.stats.eager_steps += 1
-                return self._eager(args, kwargs)
-            if self.stats.warmup_steps == 0:
-                check_supported(args, kwargs)
-            if self._probed and not self._training_warming_up():
-                return self._capture(args, kwargs)
-            return self._warmup(args, kwargs)
+            return super().__call__(*args, **kwargs)
 
-    def _release(self) -> None:
-        # A live graph holds the NCCL communicator: free it before the process group.
-        if self._device.type == "cuda" and torch.cuda.is_available():
-            torch.cuda.synchronize(self._device)
-        self._drop_graph()
-
-    # ------------------------------------------------------------------ phases
-    def _eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    # ------------------------------------------------------------------ policy
+    def _eager(self, leaves: list[Any], spec: Any) -> R:
         if self._state is StepState.WARMUP:
-            args, kwargs = like_static_inputs(args, kwargs, self._device)
-        return run_eager(self._fn, args, kwargs, self._device, self._stream)
+            # The layout static inputs will have: Dynamo guards on strides.
+            leaves = StaticInputs(leaves, spec, self._device).buffers
+        return super()._eager(leaves, spec)
 
     def _training_warming_up(self) -> bool:
         # With a shared pool, recording before the training graph exists could put that
         # graph's live tensors where this one keeps temporaries.
-        return self._pool is not None and getattr(self._training_step, "state", None) is StepState.WARMUP
+        return self.pool_shared and getattr(self._training_step, "state", None) is StepState.WARMUP
 
     def _training_recaptured(self) -> bool:
         stats = getattr(self._training_step, "stats", None)
-        return stats is not None and self._pool is not None and stats.captures != self._training_captures
+        return stats is not None and self.pool_shared and stats.captures != self._training_captures
 
-    def _warmup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
-        """Eager calls; the last one before capture looks for host synchronisations and
-        for compiling, which must be over before capture."""
-        last = self.stats.warmup_steps + 1 >= self._warmup_steps + self._extra_warmup
+    def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+        if self.stats.warmup_steps == 0:
+            check_supported(args, kwargs)
+        if self._probed and not self._training_warming_up():
+            return self._record_call(args, kwargs, leaves, spec)
+        last = self.stats.warmup_steps + 1 >= (self._options.warmup_steps or 1) + self._extra_warmup
         if not last or self._probed:  # probed already: waiting for the training capture
             self.stats.warmup_steps += 1
-            return self._eager(args, kwargs)
+            return self._eager(leaves, spec)
+        # The last eager call looks for host synchronisations and for compiling, which
+        # must be over before capture.
         before = compile_count()
         with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe:
-            out = self._eager(args, kwargs)
+            out = self._eager(leaves, spec)
         self.stats.warmup_steps += 1
         compiled = compile_count() != before
         findings = probe.findings()
-        decision = self._agree(EvalOutcome(current_rank(), not findings, findings, compiled=compiled))
+        decision = self._decide(EvalOutcome(current_rank(), not findings, findings, action=Action.EAGER, compiled=compiled))
         if not decision.ok:
-            self._give_up(decision.summary())
+            self._give_up(self._summarise(decision))
         elif any(getattr(o, "compiled", False) for o in decision.outcomes) and self._extra_warmup < MAX_EXTRA_WARMUP:
             self._extra_warmup += 1  # compiling is not over: one more eager call, then probe again
         else:
             self._probed = True
         return out
 
-    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
-        assert self._backend is not None
-        leaves, spec = flatten_call(args, kwargs)
-        static = StaticInputs(leaves, spec, self._device)
-        static_args, static_kwargs = static.call_args()
-        before = compile_count()
-        graph: CapturedGraph | None = None
-        start = time.perf_counter()
-        # DDP's forward clears this flag under no_grad, and it decides whether the next
-        # forward broadcasts buffers: a failed recording ran no broadcast, so the eager
-        # call that replaces it must still make one, as eager evaluation would.
-        forward_sync = getattr(self._model, "require_forward_param_sync", None)
-        try:
-            graph = self._backend.capture(lambda: self._fn(*static_args, **static_kwargs), stream=self._stream, pool=self._pool)
-            outcome = Outcome(current_rank(), True)
-            if compile_count() != before:
-                outcome = Outcome(current_rank(), False, [_compiled_during_capture()])
-        except CaptureError as err:
-            outcome = Outcome(current_rank(), False, [finding_from_capture_error(err)])
-        decision = self._agree(outcome)
-        if decision.ok and graph is not None:
-            signature = Signature(leaves, spec, leaf_paths(args, kwargs))
-            self._recording = Recording(graph, static, signature, self._clone)
-            self._state = StepState.CAPTURED
-            self.stats.captures += 1
-            self.stats.capture_seconds = time.perf_counter() - start
-            training_stats = getattr(self._training_step, "stats", None)
-            self._training_captures = getattr(training_stats, "captures", 0)
-            return self._replay_now(leaves)
-        if graph is not None:
-            graph.release()
-        if forward_sync is not None:
-            self._model.require_forward_param_sync = forward_sync
-        self._give_up(decision.summary())
-        self.stats.eager_steps += 1
-        return self._eager(args, kwargs)
+    def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        self._compiles_before = compile_count()  # no_grad and eval mode: nothing else to undo
+        return _nothing, _nothing
 
-    def _replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
-        assert self._recording is not None
-        leaves, spec = flatten_call(args, kwargs)
-        if not self._recording.serves(leaves, spec):
-            changed = self._recording.changed_input(args, kwargs, "`CapturedEval` call", current_rank())
-            self._unserved.admit(changed, "This call runs eagerly")
-            self.stats.input_changes += 1
-            self.stats.eager_steps += 1
-            return self._eager(args, kwargs)
-        return self._replay_now(leaves)
+    def _policy_recording_problem(self) -> Finding | None:
+        return _compiled_during_capture() if compile_count() != self._compiles_before else None
 
-    def _replay_now(self, leaves: list[Any]) -> R:
-        assert self._recording is not None
-        outputs: R = self._recording.replay(leaves)
-        self.stats.replays += 1
-        return outputs
+    def _policy_captured(self) -> None:
+        self._training_captures = getattr(getattr(self._training_step, "stats", None), "captures", 0)
 
-    # ------------------------------------------------------------------ decisions
-    def _agree(self, outcome: Outcome) -> Decision:
-        if not self._shared:
-            return Decision([outcome])
-        return agree(outcome, self._group, self._device)
+    def _policy_check(
+        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> Report | None:
+        if self._options.on_input_change == "raise" and not record.recording.serves(leaves, spec):
+            return Report(record.recording.changed_input(args, kwargs, "`CapturedEval` call", current_rank()), Action.RAISE)
+        return None
 
-    def _give_up(self, finding: Finding, *, warn: bool = True) -> None:
-        self._reason = finding
-        self._state = StepState.EAGER
-        fall_back(finding, self._on_failure, continues="Evaluation continues eagerly.", warn=warn, stacklevel=4)
-        log.info("evaluation not captured: %s", finding.format())
+    def _policy_unserved(
+        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> bool:
+        if record.recording.serves(leaves, spec):
+            return False
+        changed = record.recording.changed_input(args, kwargs, "`CapturedEval` call", current_rank())
+        self._unserved.admit(changed, "This call runs eagerly")
+        self.stats.input_changes += 1
+        return True
 
-    def _drop_graph(self) -> None:
-        if self._recording is not None:
-            self._recording.release()
-        self._recording = None
+
+def _nothing() -> None:
+    pass
 
 
 def _compiled_during_capture() -> Finding:
@@ -326,16 +248,7 @@ def capture_eval(
         raise usage_error("`capture_eval(model=...)`", f"expected a torch.nn.Module, got {type(model).__name__}", "pass the model `fn` evaluates")
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
         raise usage_error("`capture_eval(warmup_steps=...)`", f"expected an int >= 1, got {warmup_steps!r}", "leave it out for the default (2)")
-    check_policies("capture_eval", on_failure, on_input_change)
-    return CapturedEval(
-        fn,
-        model=model,
-        training_step=training_step,
-        pool=pool,
-        warmup_steps=warmup_steps,
-        on_failure=on_failure,
-        on_input_change=on_input_change,
-        clone_outputs=clone_outputs,
-        stream=stream,
-        backend=backend,
-    )
+    options = CaptureOptions(warmup_steps, on_failure, on_input_change, False, stream, pool, backend)
+    options.check("capture_eval")
+    clone = clone_outputs if clone_outputs is not None else (pool is not None or getattr(training_step, "pool", None) is not None)
+    return CapturedEval(fn, model=model, training_step=training_step, options=replace(options, clone_outputs=bool(clone)))

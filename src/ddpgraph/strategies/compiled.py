@@ -4,7 +4,7 @@ whole step, collectives included, captured by `capture_step` around it.
 Compiling and capturing meet at three points, each handled here:
 
 * warm-up runs eagerly, so Dynamo compiles there. The step first *settles*: it runs
-  eager steps (through a `capture_step` that is not yet allowed to capture) until a step
+  eager steps (through a `CapturedStep` held in warm-up, `hold()`) until a step
   in which nothing compiled, on any rank, after at least `MIN_SETTLE_CALLS` (Dynamo
   compiles on the first call and again on the second, for frames first reached after the
   first backward). Only then does the `capture_step` that probes and captures begin, so
@@ -38,14 +38,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from .. import ddp as ddp_tools
-from ..agreement import Outcome, agree
-from ..capture import CapturedStep, StepState, StepStats, capture_step
+from ..agreement import Action, Outcome, agree
+from ..capture import CapturedStep, StepState, StepStats
 from ..distributed import current_rank
-from ..errors import DdpGraphError, DdpGraphWarning, usage_error
+from ..engine import Report
+from ..errors import DdpGraphWarning, usage_error
 from ..findings import Code, Finding
-from ..streams import capture_stream
 from ..warmup import default_warmup_steps
-from .base import CaptureOptions, R, Reason, StepBase, like_static_inputs, run_eager
+from .base import CaptureOptions, R, Reason, StepBase, like_static_inputs
 from .dynamo import (
     CompileSpec,
     InPlaceCompile,
@@ -62,8 +62,6 @@ MIN_SETTLE_CALLS = 2
 # probe or the capture then restarts, up to MAX_RESTARTS times.
 MAX_SETTLE_CALLS = 20
 MAX_RESTARTS = 2
-# Warm-up of the `capture_step` that only settles: it never reaches its probe.
-_NEVER = 1 << 30
 
 
 class CompiledDuringCapture(RuntimeError):
@@ -142,7 +140,7 @@ class CompiledStep(StepBase[R]):
         self._warned_layout = False
         self._settle_calls = 0
         self._warm_calls = self._probe_call = 0
-        self._core: CapturedStep[R] = self._new_core(_NEVER)
+        self._core: CapturedStep[R] = self._new_core()
         self._settling = self._core.state is StepState.WARMUP  # a refused step has nothing to settle
 
     @property
@@ -221,13 +219,12 @@ class CompiledStep(StepBase[R]):
                 "when building the model",
             )
 
-    def _new_core(self, warmup: int | None) -> CapturedStep[R]:
-        return capture_step(
-            self._watched,
-            model=self._target,
-            optimizer=self._optimizers,
-            **self._options.kwargs(warmup_steps=warmup),
-        )
+    def _new_core(self) -> CapturedStep[R]:
+        """A captured step held in warm-up (it neither probes nor captures) until the
+        settling is over and `release` says how much warm-up is still owed."""
+        core = CapturedStep(self._watched, model=self._target, optimizers=self._optimizers, options=self._options.resolved("make_step"))
+        core.hold()
+        return core
 
     def _settle(self, compiled: bool) -> None:
         """After each settling call: once a call compiled nothing on any rank, start the
@@ -243,14 +240,14 @@ class CompiledStep(StepBase[R]):
         requested = self._options.warmup_steps
         if requested is not None and self._restarts == 0:
             owed = max(owed, requested - self._settle_calls)
-        self._replace_core(owed)
+        self._core.release(owed)
         self._settling = False
         self._warm_calls, self._probe_call = 0, owed
 
-    def _replace_core(self, warmup: int) -> None:
+    def _replace_core(self) -> None:
         self._past = self.stats
         self._core.close()
-        self._core = self._new_core(warmup)
+        self._core = self._new_core()
 
     def _agree(self, ok: bool) -> bool:
         group = self._target.process_group if isinstance(self._target, DDP) else None
@@ -280,18 +277,17 @@ class CompiledStep(StepBase[R]):
         if self._agree(not compiled):
             return
         self._restarts += 1
-        self._replace_core(_NEVER)
+        self._replace_core()
         self._settle_calls = 0
         self._settling = True
 
     def _eager_instead(self, finding: Finding, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        """A change Dynamo would recompile for: this call runs eagerly, through the
+        captured step, so that it is counted and agreed on like a replay. Under
+        `on_input_change="raise"` it is reported, and raised on every rank together."""
         if self._options.on_input_change == "raise":
-            raise DdpGraphError(finding)
-        stats = self._core.stats
-        stats.calls += 1
-        stats.eager_steps += 1
-        stats.input_changes += 1
-        if not self._warned_layout:
+            self._core.report(Report(finding, Action.RAISE))
+        elif not self._warned_layout:
             self._warned_layout = True
             warnings.warn(
                 f"{finding.format()}\nThis step runs eagerly (torch.compile recompiles as needed), "
@@ -299,10 +295,7 @@ class CompiledStep(StepBase[R]):
                 DdpGraphWarning,
                 stacklevel=3,
             )
-        stream = self._options.stream or ddp_tools.built_on_stream(self._target)
-        if stream is None and self._device.type == "cuda" and torch.cuda.is_available():
-            stream = capture_stream(self._device)
-        return run_eager(self._fn, args, kwargs, self._device, stream)
+        return self._core.eager_call(*args, **kwargs)
 
     def _release(self) -> None:
         self._core.close()
