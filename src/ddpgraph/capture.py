@@ -85,6 +85,7 @@ class CapturedStep(CaptureEngine[R]):
         self._hooks: list[Any] = []
         self._capture_after = 0
         self._setup_refusal: Finding | None = None
+        self._library_syncs: list[Finding] = []
         # Everything that can be wrong on one rank only is found before the agreement,
         # and nothing is changed before it: a usage error makes every rank raise.
         usage = refusal = None
@@ -172,7 +173,12 @@ class CapturedStep(CaptureEngine[R]):
             out = self._eager(staged, spec)
         self.stats.warmup_steps += 1
         self._probed = True
-        findings = probe.findings() + self._optim.changed_by_step(hyper) + watch.findings()
+        # A synchronisation inside a library is left to the capture to judge: libraries
+        # that test for a capture skip it there (see `ProbeResult.findings`).
+        findings = probe.findings(defer_library=True) + self._optim.changed_by_step(hyper) + watch.findings()
+        self._library_syncs = probe.deferred()
+        if self._library_syncs:
+            log.info("a library synchronised in the probe step; the capture will tell: %s", self._library_syncs[0].format())
         if self._setup_refusal is not None:
             findings.insert(0, self._setup_refusal)
         forwards = self._counter.count if self._counter else 0

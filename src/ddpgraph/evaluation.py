@@ -158,7 +158,7 @@ class CapturedEval(CaptureEngine[R]):
             out = self._eager(leaves, spec)
         self.stats.warmup_steps += 1
         compiled = compile_count() != before
-        findings = probe.findings()
+        findings = probe.findings(defer_library=True)  # a library's are left to the capture
         decision = self._decide(EvalOutcome(current_rank(), not findings, findings, action=Action.EAGER, compiled=compiled))
         if not decision.ok:
             self._give_up(self._summarise(decision))

@@ -181,3 +181,22 @@ def test_a_known_setting_is_the_fix_even_without_a_frame_of_the_users(installed:
     finding = host_sync_finding(library_only, setting)
     assert finding.location is not None and finding.location.filename.endswith("ops.py")
     assert finding.fix == setting and setting is not None
+
+
+def test_the_probe_leaves_a_librarys_sync_to_the_capture(installed: dict[str, Any]) -> None:
+    # Libraries skip some synchronising checks while a CUDA graph is recorded
+    # (transformers' mask building asks `is_cuda_stream_capturing`), so the probe step,
+    # which is not recorded, cannot tell whether they break a capture: the capture judges.
+    import torch
+
+    from ddpgraph.probe import ProbeResult, SyncEvent
+
+    installed["usernet"].Net()(torch.ones(2))
+    library_stack, setting = installed["fakelib.ops"].seen[-1]
+    users = traceback.extract_stack()
+    probe = ProbeResult([SyncEvent(library_stack, setting), SyncEvent(users)])
+    [kept] = probe.findings(defer_library=True)
+    assert kept.location is not None and kept.location.filename == __file__
+    [deferred] = probe.deferred()
+    assert "calls into fakelib" in deferred.happened
+    assert len(probe.findings()) == 2  # during or after a capture, both count
