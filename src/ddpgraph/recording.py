@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -60,6 +61,11 @@ _ALLOCATIONS = frozenset(
 # Collectives, recorded without being run; a replay runs them.
 _COLLECTIVES = "c10d"
 _NOT_RECORDED = frozenset({"profiler"})
+# Operations that update running statistics in place without saying so in their schema.
+_UNDECLARED_WRITES = frozenset(
+    {"aten::native_batch_norm", "aten::_batch_norm_impl_index", "aten::miopen_batch_norm", "aten::cudnn_batch_norm"}
+)
+_ENGINE = (os.path.join("torch", "autograd", "graph.py"), "_engine_run_backward")
 # Where torch hands an operation to a mode.
 _DISPATCH_FILES = tuple(
     os.path.join(os.path.dirname(torch.__file__), *parts)
@@ -119,6 +125,20 @@ def _completed(func: torch._ops.OpOverload, args: tuple[Any, ...]) -> Any:
     return values[0] if len(values) == 1 else tuple(values)
 
 
+def _issued_by_the_engine() -> bool:
+    """Whether the running operation was called by C++ inside autograd's engine with no
+    Python in between: DDP's reducer reading its own bookkeeping (which parameters were
+    used, with `find_unused_parameters` or `static_graph`). On a GPU those are host
+    tensors, whose reads neither synchronise nor break a capture."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name != __file__ and not name.endswith(_DISPATCH_FILES):
+            return name.endswith(_ENGINE[0]) and frame.f_code.co_name == _ENGINE[1]
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
 class _HostReadGuard(TorchFunctionMode):
     """Refuses the tensor methods that read data without a dispatcher call."""
 
@@ -140,19 +160,29 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         what = op_host_read(func, args, kwargs)
         if what is not None:
+            if _issued_by_the_engine():
+                return func(*args, **kwargs)
             raise host_read_error(what)
         if func.namespace in _NOT_RECORDED:
             return func(*args, **kwargs)
         if func.namespace == _COLLECTIVES:
             self.ops.append(_Op(func, args, kwargs, [], True))
             return _completed(func, args)
-        written = _written(func, args, kwargs)
+        tensors = list(tensors_in([args, list(kwargs.values())]))
+        written = tensors if func._schema.name in _UNDECLARED_WRITES else _written(func, args, kwargs)
         for t in written:
             self._keep(t)
+        versions = [t._version for t in tensors]
         out = func(*args, **kwargs)
+        bumped = [t for t, v in zip(tensors, versions, strict=True) if t._version != v]
+        unsaved = [t for t in bumped if _key(t) not in self.saved and _key(t) not in self.created]
+        if unsaved:
+            # A write the schema does not declare, to a tensor made before recording: its
+            # old value is lost, so the recording cannot be undone. Refuse, never guess.
+            raise RuntimeError(f"`{func}` wrote an argument its schema does not declare as written")
         if _is_view(func):
             return out  # aliases a recorded tensor: nothing to recompute
-        inputs = {_key(t) for t in tensors_in([args, list(kwargs.values())])}
+        inputs = {_key(t) for t in tensors}
         targets: list[tuple[int, torch.Tensor]] = []
         for i, leaf in enumerate(tree_leaves(out)):
             if isinstance(leaf, torch.Tensor):
@@ -162,7 +192,7 @@ class _Recorder(TorchDispatchMode):
                     targets.append((i, leaf))
         if func._schema.name in _ALLOCATIONS:
             targets = []
-        if targets or written:
+        if targets or written or bumped:
             self.ops.append(_Op(func, args, kwargs, targets, False))
         return out
 

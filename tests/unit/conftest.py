@@ -126,7 +126,8 @@ def batches() -> MakeBatches:
 
 @pytest.fixture
 def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
-    """Build a `Run`: DDP on the one-process gloo group unless `ddp=False`.
+    """Build a `Run`: DDP on the one-process gloo group unless `ddp=False`, with DDP's
+    keyword arguments `ddp_kw`.
 
     `graph_safe=True` switches the optimizer as `capture_step` does, so the run is the
     eager reference of a captured one.
@@ -135,6 +136,7 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
     def build(
         *,
         ddp: bool = True,
+        ddp_kw: dict[str, Any] | None = None,
         optimizer: type[torch.optim.Optimizer] = torch.optim.AdamW,
         graph_safe: bool = False,
         schedule: Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -142,7 +144,7 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
         **opt_kw: Any,
     ) -> Run:
         module = make_module()
-        model = ddpgraph.prepare_ddp(module) if ddp else module
+        model = ddpgraph.prepare_ddp(module, **(ddp_kw or {})) if ddp else module
         opt_kw.setdefault("lr", 1e-2)
         opt = optimizer(model.parameters(), **opt_kw)
         sched = (

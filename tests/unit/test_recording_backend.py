@@ -53,6 +53,35 @@ def test_replays_equal_eager_ddp_training_bit_for_bit(make_run, batches, same) -
     assert backend.last is not None and "c10d.allreduce_.default" in backend.last.collectives
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # `broadcast_buffers` is being renamed
+@pytest.mark.parametrize(
+    "ddp_kw",
+    [
+        {"find_unused_parameters": True},  # the reducer reads its used-parameter map on the host
+        {"static_graph": True},
+        {"gradient_as_bucket_view": True},
+        {"broadcast_buffers": False},  # batch norm's running stats: written but not declared so
+        None,  # no DDP at all
+    ],
+    ids=["find_unused_parameters", "static_graph", "gradient_as_bucket_view", "no_buffer_broadcast", "no_ddp"],
+)
+def test_ddp_options_that_capture_on_a_gpu_replay_like_eager(make_run, ddp_kw, batches, same) -> None:
+    def build(graph_safe: bool = False):  # type: ignore[no-untyped-def]
+        kw = {"optimizer": torch.optim.SGD, "lr": 0.05, "momentum": 0.9, "fused": True}
+        return make_run(ddp=ddp_kw is not None, ddp_kw=ddp_kw, graph_safe=graph_safe, **kw)
+
+    data = batches(15)
+    ref = build(graph_safe=True)
+    expected = ref.train(data)
+    run = build()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DDP's find_unused_parameters advice
+        got = run.train(data, run.capture(backend=RecordingBackend()))
+    assert got.states[-1] == "captured", got.states
+    assert got.losses == expected.losses
+    assert same(run.params(), ref.params()) and same(run.buffers(), ref.buffers())
+
+
 def test_a_float_learning_rate_is_frozen_in_replays() -> None:
     """What GPUs do to a float lr changed after capture (what every scheduler does): the
     replay keeps the value it was recorded with. The stand-in cannot show it."""
