@@ -48,6 +48,7 @@ from .replay import OnFailure, Recording, UnservedCalls, check_policies, fall_ba
 from .rng import generators_refusal, keep_states
 from .snapshot import TrainingSnapshot
 from .warmup import MIN_WARMUP_ITERATIONS, default_warmup_steps, steps_until_capturable
+from .watchdog import Policy, ReplayTimeout, watch_replays
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
@@ -96,6 +97,8 @@ class CapturedStep(Generic[R]):
         backend: GraphBackend | None,
         generators: Sequence[torch.Generator] = (),
         scaler: GraphSafeGradScaler | None = None,
+        replay_timeout: ReplayTimeout = "group",
+        on_replay_timeout: Policy = "abort",
     ) -> None:
         self._fn = fn
         self._generators = list(generators)
@@ -124,6 +127,10 @@ class CapturedStep(Generic[R]):
         self._unserved = UnservedCalls(on_input_change)
         self._hooks: list[Any] = []
         self._tensor_lrs: list[TensorHyperparams] = []
+        self._watchdog = watch_replays(
+            replay_timeout, on_replay_timeout, step_name=getattr(fn, "__qualname__", "step"),
+            group=self._group, device=self._device, close=self.close,
+        )
 
         # Arguments are checked before anything (the optimizer) is changed.
         forwards = self._counter.count if self._counter else 0
@@ -176,6 +183,7 @@ class CapturedStep(Generic[R]):
             raise DdpGraphError(
                 Finding(Code.STEP_CLOSED, "this step was closed", subject="`CapturedStep`")
             )
+        self._watchdog.check()
         self.stats.calls += 1
         leaves, spec = flatten_call(args, kwargs)
         if self._state is StepState.CAPTURED:
@@ -203,6 +211,7 @@ class CapturedStep(Generic[R]):
         if self._device.type == "cuda" and torch.cuda.is_available():
             torch.cuda.synchronize(self._device)
         self._drop_graph()
+        self._watchdog.close()
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
@@ -424,6 +433,7 @@ class CapturedStep(Generic[R]):
     def _replay_now(self, leaves: list[Any]) -> R:
         assert self._recording is not None
         outputs = self._recording.replay(leaves)
+        self._watchdog.after_replay()
         if isinstance(self._model, DDP):
             # A replay runs no Python. DDP's forward leaves this flag set, and it decides
             # whether the next forward broadcasts buffers; an eval forward in between
@@ -621,6 +631,8 @@ def capture_step(
     backend: GraphBackend | None = None,
     generators: Sequence[torch.Generator] = (),
     scaler: GraphSafeGradScaler | None = None,
+    replay_timeout: ReplayTimeout = "group",
+    on_replay_timeout: Policy = "abort",
 ) -> CapturedStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
     it does on the GPU) as one CUDA graph, and replay it on later calls.
@@ -669,6 +681,10 @@ def capture_step(
             replay draws fresh numbers from them and advances them as eager steps would.
         scaler: the `ddpgraph.GraphSafeGradScaler` the step uses, so that a failed (or
             stand-in) recording leaves its state as eager training would.
+        replay_timeout, on_replay_timeout: a replay not finished this many seconds after
+            it could start ("group", the default: the process group's timeout; None: not
+            watched) is reported (REPLAY_TIMED_OUT), then by default ("abort") the process
+            group is aborted and the process fails; "report" only logs. See `ddpgraph.watchdog`.
 
     Without CUDA (or with the model on CPU) the step runs eagerly and `reason` has code
     NO_CUDA. Use `close()` or a `with` block to free the graph before the process group.
@@ -713,6 +729,8 @@ def capture_step(
         backend=backend,
         generators=list(generators),
         scaler=scaler,
+        replay_timeout=replay_timeout,
+        on_replay_timeout=on_replay_timeout,
     )
 
 
