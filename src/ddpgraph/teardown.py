@@ -25,6 +25,8 @@ _registered = False
 def close_at_exit(close: Callable[[], None]) -> None:
     """Call the bound method `close` at interpreter exit if its object is still alive."""
     global _next, _registered
+    for key in [k for k, ref in _live.items() if ref() is None]:
+        del _live[key]  # steps already collected
     _live[_next] = weakref.WeakMethod(close)  # type: ignore[arg-type]
     _next += 1
     if not _registered:
