@@ -226,6 +226,8 @@ class ReplayWatchdog:
             self._spare.append(event)
             self.finished = replay
             self._head_since = now
+            if replay == self._late:  # only under "report": the late replay did finish
+                _say(f"ddpgraph watchdog: replay {replay} of `{self.step_name}` finished after all")
         self.board.maybe_publish(self.replays, self.finished, now)
         if not self._pending or self.timeout_s is None:
             return False

@@ -164,7 +164,9 @@ def test_report_policy_logs_once_per_late_replay_and_keeps_going(capsys) -> None
     assert not wd.poll(41.5)  # replay 2 waited 10.5 s after replay 1 finished
     assert [f.happened.split(" has")[0] for f in wd.reported] == ["replay 1", "replay 2"]
     assert actions == []
-    assert "[REPLAY_TIMED_OUT] `train_step`: replay 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "[REPLAY_TIMED_OUT] `train_step`: replay 1" in err
+    assert "replay 1 of `train_step` finished after all" in err
 
 
 def test_abort_refuses_saves_aborts_then_ends_after_the_grace() -> None:
