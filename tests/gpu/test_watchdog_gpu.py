@@ -42,20 +42,26 @@ def test_late_replay_is_reported_and_aborted_while_the_gpu_is_still_busy(tmp_pat
     assert r["raised"] == "REPLAY_TIMED_OUT", r
     assert f"replay {r['replays_before'] + 1} has not finished after" in r["message"]
     assert "no other ranks in the process group" in r["message"]
+    assert r["gpu_busy_at_report"]  # the report came from the timeout, not from the work ending
     assert r["aborted_with"] not in ("", "nothing to abort"), r
-    assert r["gpu_still_busy"]  # the report came from the timeout, not from the work ending
-    assert "[REPLAY_TIMED_OUT]" in proc.stderr
+    assert "[REPLAY_TIMED_OUT]" in proc.stderr and "aborted the process group" in proc.stderr
     within = "within" if r["reported_after_s"] <= r["stated_bound_s"] else "OUTSIDE"
-    print(f"report {r['reported_after_s']:.2f} s after launch; bound {r['stated_bound_s']} s: {within}")
+    print(
+        f"report {r['reported_after_s']:.2f} s after the late launch (bound "
+        f"{r['stated_bound_s']} s: {within}); abort returned at {r['aborted_after_s']:.2f} s "
+        f"via {r['aborted_with']}"
+    )
 
 
 def test_a_training_thread_stuck_behind_the_late_replay_is_ended(tmp_path: Path) -> None:
     proc, r = run("stuck", tmp_path)
     assert proc.returncode == EXIT_CODE, proc.stdout + proc.stderr
     assert "BLOCKING IN ITEM" in proc.stdout
-    assert "[REPLAY_TIMED_OUT]" in proc.stderr and "aborted the process group" in proc.stderr
+    assert "[REPLAY_TIMED_OUT]" in proc.stderr
     assert f"ending the process with exit status {EXIT_CODE}" in proc.stderr
     assert r == {}  # `.item()` never returned: the GPU sleeps 60 s, the process ended first
+    # NCCL's abort may itself wait for the sleeping device; the exit deadline does not.
+    print("abort returned before the exit:", "aborted the process group" in proc.stderr)
 
 
 def test_report_policy_logs_and_training_goes_on(tmp_path: Path) -> None:
