@@ -50,6 +50,7 @@ from .warmup import (
     step_is_capturable,
     steps_until_capturable,
 )
+from .watchdog import ReplayWatchdog, watch_replays
 
 __all__ = ["CapturedStep", "StepState", "StepStats", "as_optimizers", "capture_step", "choose_backend"]
 
@@ -86,6 +87,7 @@ class CapturedStep(CaptureEngine[R]):
         self._capture_after = 0
         self._setup_refusal: Finding | None = None
         self._library_syncs: list[Finding] = []
+        self._watchdog: ReplayWatchdog | None = None
         # Everything that can be wrong on one rank only is found before the agreement,
         # and nothing is changed before it: a usage error makes every rank raise.
         usage = refusal = None
@@ -119,6 +121,16 @@ class CapturedStep(CaptureEngine[R]):
                 self._capture_after = max(self._capture_after, default_warmup_steps(0))
             self._setup_refusal = self._setup_refusal or self._optim.prepare()
         self._install_load_hooks()
+        # Last: it registers `close` to run at interpreter exit, before the process group goes.
+        self._watchdog = watch_replays(
+            options.replay_timeout, options.on_replay_timeout, step_name=getattr(fn, "__qualname__", "step"),
+            group=model.process_group if isinstance(model, DDP) else None, device=self._device, close=self.close,
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        if self._watchdog is not None:
+            self._watchdog.check()  # raises on every call after a replay timed out
+        return super().__call__(*args, **kwargs)
 
     def hold(self) -> None:
         """Keep warming up without probing or capturing until `release` (the compile
@@ -259,6 +271,8 @@ class CapturedStep(CaptureEngine[R]):
             # whether the next forward broadcasts buffers; an eval forward in between
             # clears it, which would make that eval skip the broadcast eager training does.
             self._model.require_forward_param_sync = record.forward_sync
+        if self._watchdog is not None:
+            self._watchdog.after_replay()
 
     def _policy_recapture(self) -> None:
         self._optim.forget()
@@ -268,6 +282,8 @@ class CapturedStep(CaptureEngine[R]):
         self._setup_refusal = self._optim.prepare()
 
     def _policy_close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.close()
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
@@ -304,7 +320,8 @@ def capture_step(
     warmup_steps: int | None = ..., on_failure: OnFailure = ..., on_input_change: OnFailure = ...,
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
-    scaler: Any = ..., agree_every: int | None = ..., compile: Literal[False] = ...,
+    scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
+    on_replay_timeout: Any = ..., compile: Literal[False] = ...,
 ) -> CapturedStep[R]: ...
 @overload
 def capture_step(
@@ -312,7 +329,8 @@ def capture_step(
     warmup_steps: int | None = ..., on_failure: OnFailure = ..., on_input_change: OnFailure = ...,
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
-    scaler: Any = ..., agree_every: int | None = ..., compile: Literal[True],
+    scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
+    on_replay_timeout: Any = ..., compile: Literal[True],
 ) -> TrainStep[R]: ...
 @overload
 def capture_step(
@@ -320,7 +338,8 @@ def capture_step(
     warmup_steps: int | None = ..., on_failure: OnFailure = ..., on_input_change: OnFailure = ...,
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
-    scaler: Any = ..., agree_every: int | None = ..., compile: bool,
+    scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
+    on_replay_timeout: Any = ..., compile: bool,
 ) -> CapturedStep[R] | TrainStep[R]: ...
 def capture_step(
     fn: Callable[..., R],
@@ -337,6 +356,8 @@ def capture_step(
     generators: Sequence[torch.Generator] = (),
     scaler: Any = None,
     agree_every: int | None = None,
+    replay_timeout: float | str | None = "group",
+    on_replay_timeout: str = "abort",
     compile: bool = False,
 ) -> CapturedStep[R] | TrainStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
@@ -392,6 +413,10 @@ def capture_step(
             their guards saw every this many calls once captured (default 100); a rank
             that saw something runs eager steps until then, which pair with the peers'
             replays. Smaller reacts sooner; each agreement is one small collective.
+        replay_timeout, on_replay_timeout: a replay not finished this many seconds after
+            it could start ("group", the default: the process group's timeout; None: not
+            watched) is reported (REPLAY_TIMED_OUT), then by default ("abort") the process
+            group is aborted and the process fails; "report" only logs. See `ddpgraph.watchdog`.
         compile: True compiles the model in place with torch.compile (inductor's default
             mode, no CUDA graphs of its own) and captures the whole step around it: the
             fastest path where fusion pays. Compiling finishes before capture, and a
@@ -427,6 +452,7 @@ def capture_step(
         warmup_steps, on_failure, on_input_change, clone_outputs, stream, pool, backend,
         generators=tuple(generators), scaler=scaler,
         agree_every=DEFAULT_AGREE_EVERY if agree_every is None else agree_every,
+        replay_timeout=replay_timeout, on_replay_timeout=on_replay_timeout,
     )
     if compile is not False:
         from .strategies.compile_switch import capture_compiled

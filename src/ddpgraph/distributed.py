@@ -69,7 +69,11 @@ def current_world_size() -> int:
 
 
 def shutdown() -> None:
-    """Destroy the default process group if this process created one."""
+    """Destroy the default process group if this process created one, after closing
+    the captured steps still alive: a live graph holds the NCCL communicator."""
+    from .teardown import close_live_steps
+
+    close_live_steps()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -46,6 +46,7 @@ class Code(str, enum.Enum):
     SCRIPT_TIMED_OUT = "SCRIPT_TIMED_OUT"
     # Training.
     NON_FINITE_LOSS = "NON_FINITE_LOSS"
+    REPLAY_TIMED_OUT = "REPLAY_TIMED_OUT"
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,16 @@ CATALOG: dict[Code, CodeInfo] = {
         "on at least one rank; the message names the step and the ranks.",
         "Look at that step's data and learning rate; with fp16, `GraphSafeGradScaler` skips "
         "steps whose gradients overflow; `NonFiniteMonitor(action='report')` keeps training.",
+    ),
+    Code.REPLAY_TIMED_OUT: CodeInfo(
+        "A replayed step did not finish in time",
+        "The GPU work of a replay (usually its all-reduce, waiting for a rank that never "
+        "joined it) had not finished after `replay_timeout`; c10d's own watchdog does not "
+        "see collectives replayed from a graph. The message names the replay and what the "
+        "other ranks last reported.",
+        "Look at the ranks that launched the fewest replays: they stopped calling "
+        "the step (a data loader that hangs, an exception, a branch only some ranks take). "
+        "If replays are legitimately this slow, raise `capture_step(replay_timeout=...)`.",
     ),
 }
 

@@ -20,10 +20,11 @@ from .backends import GraphBackend
 from .errors import DdpGraphUsageError, usage_error
 from .findings import Code, Finding
 from .replay import OnFailure, check_policies
+from .watchdog import check_options as check_watchdog_options
 
 # Calls between two agreements of a captured step on a DDP model (see `engine`).
 DEFAULT_AGREE_EVERY = 100
-_EXTRA_KEYS = ("generators", "scaler", "agree_every")
+_EXTRA_KEYS = ("generators", "scaler", "agree_every", "replay_timeout", "on_replay_timeout")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class CaptureOptions:
     generators: Sequence[torch.Generator] = ()
     scaler: Any = None
     agree_every: int = DEFAULT_AGREE_EVERY
+    # The replay watchdog's (`watchdog`): seconds, "group" (the process group's) or None.
+    replay_timeout: Any = "group"
+    on_replay_timeout: Any = "abort"
 
     def resolved(self, api: str = "capture_step") -> CaptureOptions:
         """`extra` moved into the named fields; an unknown key is a usage error."""
@@ -68,6 +72,8 @@ class CaptureOptions:
             "generators": tuple(self.generators),
             "scaler": self.scaler,
             "agree_every": self.agree_every,
+            "replay_timeout": self.replay_timeout,
+            "on_replay_timeout": self.on_replay_timeout,
             **self.extra,
         }
         out.update(override)
@@ -94,6 +100,7 @@ class CaptureOptions:
             )
         self._check_backend(api)
         self._check_scaler(api)
+        check_watchdog_options(self.replay_timeout, self.on_replay_timeout)
         every = self.agree_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise usage_error(f"`{api}(agree_every=...)`", f"expected an int >= 1, got {every!r}", f"leave it out for the default ({DEFAULT_AGREE_EVERY})")
