@@ -8,6 +8,8 @@
 #   tests-training    tests/gpu/test_training_gpu.py     (scaler, accumulation, monitor, ...)
 #   tests-strategies  tests/gpu/test_strategies_gpu.py   (make_step's strategies)
 #   tests-doctor      tests/gpu/test_doctor.py           (ddpgraph doctor on every script)
+#   tests-rank-safety, tests-adopt, tests-lightning, tests-accelerate, tests-presets,
+#   tests-watchdog    the test_<name>_gpu.py file of each
 #   tests-docs        the Python blocks of README.md and docs/*.md, on the GPUs
 #   tests-docs-commands  the bash blocks marked gpu-only (the published benchmark run)
 #   tests             all of tests/gpu in one pytest run (longer than one call on one GPU)
@@ -37,6 +39,12 @@ declare -A TESTS=(
   [tests-training]=tests/gpu/test_training_gpu.py
   [tests-strategies]=tests/gpu/test_strategies_gpu.py
   [tests-doctor]=tests/gpu/test_doctor.py
+  [tests-rank-safety]=tests/gpu/test_rank_safety_gpu.py
+  [tests-adopt]=tests/gpu/test_adopt_gpu.py
+  [tests-lightning]=tests/gpu/test_lightning_gpu.py
+  [tests-accelerate]=tests/gpu/test_accelerate_gpu.py
+  [tests-presets]=tests/gpu/test_presets_gpu.py
+  [tests-watchdog]=tests/gpu/test_watchdog_gpu.py
   [tests-docs]=tests/gpu/test_doc_blocks_gpu.py::test_python_blocks_run_on_the_gpus
   [tests-docs-commands]=tests/gpu/test_doc_blocks_gpu.py::test_gpu_only_commands_run
   [tests]=tests/gpu
@@ -44,6 +52,8 @@ declare -A TESTS=(
 declare -A LIMIT=(
   [tests-core]=540 [tests-training]=540 [tests-strategies]=540 [tests-doctor]=540
   [tests-docs]=540 [tests-docs-commands]=540 [tests]=1800 [demo]=300 [bench]=540
+  [tests-rank-safety]=300 [tests-adopt]=300 [tests-lightning]=300 [tests-accelerate]=300
+  [tests-presets]=300 [tests-watchdog]=400
 )
 
 for stage in $STAGES; do

@@ -82,11 +82,10 @@ def test_graphs_are_freed_before_the_process_group_and_exit_does_not_hang(
     print(f"{mode}: NCCL {r['nccl']}, exited cleanly")
 
 
+@pytest.mark.two_ranks
 def test_two_gpus_a_rank_that_stops_calling_makes_the_other_fail_with_the_report(
     tmp_path: Path,
 ) -> None:
-    if gpu_world() < 2:
-        pytest.skip("needs two ranks (DDPGRAPH_GPU_WORLD=1)")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += [str(SCRIPT), "peer_stops", str(tmp_path)]
     proc = subprocess.run(cmd, env=torchrun_env(), capture_output=True, text=True, timeout=240, check=False)

@@ -74,7 +74,7 @@ def test_cpu_tables_leave_out_empty_columns_and_call_the_speedup_noise() -> None
 
 def test_markdown_keeps_every_column_and_says_what_noise_means() -> None:
     text = markdown(_cpu_report(), summary(_cpu_report()))
-    assert "| batch | strategy | ms/step | × eager | GPU busy | capture | peak MiB |" in text
+    assert "| batch | strategy | ms/step | × eager | GPU busy | throughput | capture | peak MiB |" in text
     assert "1.05× noise" in text and NOISE_NOTE in text
 
 
