@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU suite on one GPU in one 10-minute call: groups of test files run side by side
+# (each test launches its own torchrun workers on free ports; an H200 has room for all),
+# the doctor's score beside them. Results under $OUT: one log per group and a summary.
+#
+#   scripts/gpu_parallel.sh            (world size: min(2, GPUs present))
+#
+# Timings printed by tests are not comparable across runs of this script: the groups share
+# the GPU and the CPU. Benchmarks run alone (`scripts/gpu_suite.sh bench`).
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+LIMIT=${GPU_PARALLEL_TIMEOUT:-480}
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+python3 -c "import torch, sys; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count(), 'python', sys.version.split()[0])" > "$OUT/summary.txt"
+
+declare -A GROUPS_=(
+  [a]="tests/gpu/test_core_gpu.py tests/gpu/test_rank_safety_gpu.py tests/gpu/test_adopt_gpu.py tests/gpu/test_presets_gpu.py"
+  [b]="tests/gpu/test_training_gpu.py tests/gpu/test_strategies_gpu.py tests/gpu/test_accelerate_gpu.py tests/gpu/test_lightning_gpu.py"
+  [c]="tests/gpu/test_watchdog_gpu.py $(ls tests/gpu/test_optim_gpu.py tests/gpu/test_shapes_gpu.py 2>/dev/null | tr '\n' ' ')"
+)
+for g in "${!GROUPS_[@]}"; do
+  # shellcheck disable=SC2086
+  timeout "$LIMIT" python3 -m pytest -m gpu ${GROUPS_[$g]} -q -p no:cacheprovider -rfEs --timeout 300 \
+    > "$OUT/group-$g.log" 2>&1 &
+done
+timeout "$LIMIT" python3 tests/doctor_scripts/score.py --nproc 1 --jobs 4 --out "$OUT/doctor_score.json" \
+  > "$OUT/doctor.log" 2>&1 &
+wait
+for f in "$OUT"/group-*.log; do
+  echo "== $(basename "$f"): $(grep -E 'passed|failed|error' "$f" | tail -1)" >> "$OUT/summary.txt"
+  grep -E '^(FAILED|ERROR)' "$f" | cut -c1-220 >> "$OUT/summary.txt"
+done
+echo "== doctor score" >> "$OUT/summary.txt"
+grep -vE ': right [0-9]+ wrong 0 missed 0$' "$OUT/doctor.log" | tail -30 >> "$OUT/summary.txt"
+cat "$OUT/summary.txt"
