@@ -9,6 +9,7 @@
 
 from .accumulate import accumulate, split_batch
 from .amp import GraphSafeGradScaler, ScalerStats, ScalerTensors
+from .buckets import bucket_collate, choose_buckets, pad_to_bucket
 from .backends import CaptureError, CudaGraphBackend, GraphBackend, PassThroughBackend
 from .capture import CapturedStep, StepState, StepStats, capture_step
 from .checkpoint import load_training_state, training_state
@@ -53,13 +54,16 @@ __all__ = [
     "TrialSettings",
     "__version__",
     "accumulate",
+    "bucket_collate",
     "capture_eval",
     "capture_step",
+    "choose_buckets",
     "graph_safe_optimizer",
     "graph_submodules",
     "init_distributed",
     "load_training_state",
     "make_step",
+    "pad_to_bucket",
     "partial_report",
     "prepare_ddp",
     "split_batch",
