@@ -9,8 +9,8 @@
 
 from .accumulate import accumulate, split_batch
 from .amp import GraphSafeGradScaler, ScalerStats, ScalerTensors
-from .buckets import bucket_collate, choose_buckets, pad_to_bucket
 from .backends import CaptureError, CudaGraphBackend, GraphBackend, PassThroughBackend
+from .buckets import bucket_collate, choose_buckets, pad_to_bucket
 from .capture import CapturedStep, StepState, StepStats, capture_step
 from .checkpoint import load_training_state, training_state
 from .ddp import prepare_ddp
