@@ -31,8 +31,10 @@ from .backend_choice import choose_backend
 from .backends import CudaGraphBackend, GraphBackend
 from .call_guard import unservable
 from .distributed import current_rank
-from .engine import Captured, CaptureEngine, Report, StepState, StepStats
+from .engine import Captured, Report, StepState, StepStats
 from .errors import DdpGraphUsageError, usage_error
+from .family import BeyondMaxGraphs
+from .family_capture import FamilySteps
 from .findings import Code, Finding
 from .inputs import check_supported, leaf_paths, stage_leaves
 from .options import CaptureOptions
@@ -60,7 +62,7 @@ R = TypeVar("R")
 NON_DDP_WARMUP_STEPS = 3
 
 
-class CapturedStep(CaptureEngine[R]):
+class CapturedStep(FamilySteps[R]):
     """A training step that warms up eagerly, is captured once, then replays.
 
     Call it like the function it wraps. Build it with `capture_step`.
@@ -178,10 +180,7 @@ class CapturedStep(CaptureEngine[R]):
         # before, which makes DDP skip its buffer broadcast) can make this call
         # uncapturable: checked here, on every rank, and agreed on.
         forwards = self._counter.count if self._counter else 0
-        ready = not ddp_tools.buffer_sync_skipped(self._model) and (
-            self._counter is None or step_is_capturable(forwards, self._per_step)
-        )
-        decision = self._decide(Outcome(current_rank(), ready, forwards=forwards))
+        decision = self._decide(Outcome(current_rank(), self._recordable_now(), forwards=forwards))
         if not decision.ok:
             extra = steps_until_capturable([o.forwards for o in decision.outcomes], self._per_step)
             self._capture_after = self.stats.warmup_steps + max(1, extra) + 1
@@ -189,6 +188,12 @@ class CapturedStep(CaptureEngine[R]):
             return self._eager(leaves, spec)
         self._optim.prepare()  # a param group added during warm-up gets its tensor lr
         return self._record_call(args, kwargs, leaves, spec)
+
+    def _recordable_now(self) -> bool:
+        forwards = self._counter.count if self._counter else 0
+        return not ddp_tools.buffer_sync_skipped(self._model) and (
+            self._counter is None or step_is_capturable(forwards, self._per_step)
+        )
 
     def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
         snapshot = TrainingSnapshot([self._model], self._optim.optimizers)
@@ -228,7 +233,8 @@ class CapturedStep(CaptureEngine[R]):
     ) -> bool:
         changed = unservable(record, self._model, args, kwargs, leaves, spec)
         if changed is not None:
-            self._unserved.admit(changed, "This step runs eagerly, and so will later calls that the graph cannot serve")
+            if not self._family.expects_unserved():  # a family warms up new signatures
+                    self._unserved.admit(changed, "This step runs eagerly, and so will later calls that the graph cannot serve")
             self.stats.input_changes += 1
             return True
         # The first step after an eval forward: eager DDP skips its buffer broadcast
@@ -303,6 +309,8 @@ def capture_step(
     generators: Sequence[torch.Generator] = (),
     scaler: Any = None,
     agree_every: int | None = None,
+    max_graphs: int = 1,
+    beyond_max_graphs: BeyondMaxGraphs = "evict",
 ) -> CapturedStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
     it does on the GPU) as one CUDA graph, and replay it on later calls.
@@ -357,6 +365,14 @@ def capture_step(
             their guards saw every this many calls once captured (default 100); a rank
             that saw something runs eager steps until then, which pair with the peers'
             replays. Smaller reacts sooner; each agreement is one small collective.
+        max_graphs: graphs to hold for different input signatures (default 1). After the
+            first capture, a call with a new signature runs eagerly once, and a later one
+            with it, on a decision point (every call without peers, every `agree_every`-th
+            with them), records its own graph; all graphs share one memory pool (see
+            `ddpgraph.family` for the contract). Pad variable lengths to a few buckets
+            (`ddpgraph.pad_to_bucket`) so that a handful of graphs serve every batch.
+        beyond_max_graphs: with `max_graphs` graphs held, "evict" (default) releases the
+            least recently used one for a new signature; "eager" runs new signatures eagerly.
 
     Detected during the probe step (the step then runs eagerly on every rank, with a
     finding): host synchronisations, hyper-parameters the step changes, arguments it
@@ -386,7 +402,7 @@ def capture_step(
         )
     options = CaptureOptions(
         warmup_steps, on_failure, on_input_change, clone_outputs, stream, pool, backend,
-        generators=tuple(generators), scaler=scaler,
+        generators=tuple(generators), scaler=scaler, max_graphs=max_graphs, beyond_max_graphs=beyond_max_graphs,
         **({} if agree_every is None else {"agree_every": agree_every}),
     )
     return CapturedStep(fn, model=model, optimizers=as_optimizers(optimizer), options=options)

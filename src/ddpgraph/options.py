@@ -18,12 +18,13 @@ from torch import nn
 from . import ddp as ddp_tools
 from .backends import GraphBackend
 from .errors import DdpGraphUsageError, usage_error
+from .family import BeyondMaxGraphs, check_family
 from .findings import Code, Finding
 from .replay import OnFailure, check_policies
 
 # Calls between two agreements of a captured step on a DDP model (see `engine`).
 DEFAULT_AGREE_EVERY = 100
-_EXTRA_KEYS = ("generators", "scaler", "agree_every")
+_EXTRA_KEYS = ("generators", "scaler", "agree_every", "max_graphs", "beyond_max_graphs")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class CaptureOptions:
     generators: Sequence[torch.Generator] = ()
     scaler: Any = None
     agree_every: int = DEFAULT_AGREE_EVERY
+    max_graphs: int = 1  # graphs held for different input signatures (`family`)
+    beyond_max_graphs: BeyondMaxGraphs = "evict"
 
     def resolved(self, api: str = "capture_step") -> CaptureOptions:
         """`extra` moved into the named fields; an unknown key is a usage error."""
@@ -68,6 +71,8 @@ class CaptureOptions:
             "generators": tuple(self.generators),
             "scaler": self.scaler,
             "agree_every": self.agree_every,
+            "max_graphs": self.max_graphs,
+            "beyond_max_graphs": self.beyond_max_graphs,
             **self.extra,
         }
         out.update(override)
@@ -93,6 +98,7 @@ class CaptureOptions:
                 "pass the stream DDP was built on, or leave it out when using `prepare_ddp`",
             )
         self._check_backend(api)
+        check_family(api, self.max_graphs, self.beyond_max_graphs, self.on_input_change)
         self._check_scaler(api)
         every = self.agree_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
