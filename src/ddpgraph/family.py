@@ -109,6 +109,7 @@ class GraphFamily:
         self._seen: list[_Seen] = []
         self._failed: list[Signature] = []
         self._candidate: _Seen | None = None  # the unheld signature of this call
+        self._labels: dict[int, str] = {}  # by id of a held record: built once, read per replay
 
     @property
     def enabled(self) -> bool:
@@ -156,7 +157,7 @@ class GraphFamily:
         self._forget()
 
     def replayed(self, record: Captured) -> None:
-        label = describe(record.recording.signature)
+        label = self._labels.get(id(record)) or self._label(record)
         self._stats.replays_per_graph[label] = self._stats.replays_per_graph.get(label, 0) + 1
 
     def release_all(self, keep: Captured | None) -> None:
@@ -165,6 +166,7 @@ class GraphFamily:
             if member is not keep:
                 member.recording.release()
         self.members = []
+        self._labels = {}
         self._candidate = None
         self._stats.graphs = 0
 
@@ -186,6 +188,11 @@ class GraphFamily:
         self._seen = [s for s in self._seen if s is not self._candidate]
         self._candidate = None
 
+    def _label(self, record: Captured) -> str:
+        label = self._labels[id(record)] = describe(record.recording.signature)
+        return label
+
     def _update(self) -> None:
+        self._labels = {id(m): self._labels.get(id(m)) or describe(m.recording.signature) for m in self.members}
         self._stats.graphs = len(self.members)
         self._stats.pool_bytes = pool_bytes(self.pool, self.device)
