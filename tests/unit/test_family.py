@@ -25,18 +25,25 @@ def _graph_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
 
 
-def test_each_signature_gets_its_graph_and_training_equals_eager(make_run, batches, same) -> None:
+def _train_against_eager(make_run: Any, batches: Any, same: Any, **kw: Any) -> tuple[Any, list[str]]:
+    """Train with `capture_step(**kw)` and eagerly on the same batches; assert they are
+    equal bit for bit; return the step and the ddpgraph warnings."""
     data = _data(batches)
     ref = make_run(graph_safe=True)
     expected = ref.train(data)
     run = make_run()
-    step = run.capture(max_graphs=3)
+    step = run.capture(**kw)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = run.train(data, step)
-    assert _graph_warnings(caught) == []  # warm-ups of new signatures are expected
     assert got.losses == expected.losses
     assert same(run.params(), ref.params()) and same(run.buffers(), ref.buffers())
+    return step, _graph_warnings(caught)
+
+
+def test_each_signature_gets_its_graph_and_training_equals_eager(make_run, batches, same) -> None:
+    step, messages = _train_against_eager(make_run, batches, same, max_graphs=3)
+    assert messages == []  # warm-ups of new signatures are expected
     s = step.stats
     # Sizes 5 and 3: one eager warm-up each, then captured on their second call.
     assert (s.graphs, s.captures, s.eager_steps, s.evictions) == (3, 3, 2, 0)
@@ -49,32 +56,17 @@ def test_each_signature_gets_its_graph_and_training_equals_eager(make_run, batch
 
 
 def test_beyond_max_graphs_the_least_recently_used_graph_is_released(make_run, batches, same) -> None:
-    data = _data(batches)
-    ref = make_run(graph_safe=True)
-    expected = ref.train(data)
-    run = make_run()
-    step = run.capture(max_graphs=2)
-    got = run.train(data, step)
-    assert got.losses == expected.losses and same(run.params(), ref.params())
+    step, _ = _train_against_eager(make_run, batches, same, max_graphs=2)
     s = step.stats
     assert s.graphs == 2 and s.evictions > 0 and s.captures == 2 + s.evictions
 
 
 def test_beyond_max_graphs_eager_keeps_the_first_graphs(make_run, batches, same) -> None:
-    data = _data(batches)
-    ref = make_run(graph_safe=True)
-    expected = ref.train(data)
-    run = make_run()
-    step = run.capture(max_graphs=2, beyond_max_graphs="eager")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = run.train(data, step)
-    assert got.losses == expected.losses and same(run.params(), ref.params())
+    step, [message] = _train_against_eager(make_run, batches, same, max_graphs=2, beyond_max_graphs="eager")
     s = step.stats
     assert (s.graphs, s.captures, s.evictions) == (2, 2, 0)
     assert set(s.replays_per_graph) == {"8x16 8", "5x16 5"}
     assert s.eager_steps == SIZES.count(3) + 1  # every size-3 call, and size 5's warm-up
-    [message] = _graph_warnings(caught)
     assert "(3, 16)" in message
 
 
@@ -98,19 +90,11 @@ class _FailSecond(ddpgraph.PassThroughBackend):
 
 
 def test_a_signature_that_fails_to_capture_runs_eagerly_and_the_others_stay(make_run, batches, same) -> None:
-    data = _data(batches)
-    ref = make_run(graph_safe=True)
-    expected = ref.train(data)
-    run = make_run()
-    step = run.capture(max_graphs=3, backend=_FailSecond())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = run.train(data, step)
-    assert got.losses == expected.losses and same(run.params(), ref.params())
+    step, messages = _train_against_eager(make_run, batches, same, max_graphs=3, backend=_FailSecond())
     assert step.state is StepState.CAPTURED
     s = step.stats
     assert s.graphs == 1 and s.captures == 1
-    failed, changed = _graph_warnings(caught)[:2], _graph_warnings(caught)[2:]
+    failed, changed = messages[:2], messages[2:]
     assert all("injected failure of an added graph" in m for m in failed)
     assert [m.split(" ")[0] for m in changed] == ["[INPUT_SIGNATURE_CHANGED]"]  # later calls: warned once
 
