@@ -365,14 +365,9 @@ def capture_step(
             their guards saw every this many calls once captured (default 100); a rank
             that saw something runs eager steps until then, which pair with the peers'
             replays. Smaller reacts sooner; each agreement is one small collective.
-        max_graphs: graphs to hold for different input signatures (default 1). After the
-            first capture, a call with a new signature runs eagerly once, and a later one
-            with it, on a decision point (every call without peers, every `agree_every`-th
-            with them), records its own graph; all graphs share one memory pool (see
-            `ddpgraph.family` for the contract). Pad variable lengths to a few buckets
-            (`ddpgraph.pad_to_bucket`) so that a handful of graphs serve every batch.
-        beyond_max_graphs: with `max_graphs` graphs held, "evict" (default) releases the
-            least recently used one for a new signature; "eager" runs new signatures eagerly.
+        max_graphs, beyond_max_graphs: hold up to `max_graphs` graphs, one per input
+            signature, in one memory pool; beyond them "evict" the least recently used or
+            run "eager" (see `ddpgraph.family`, docs/variable_shapes.md, `pad_to_bucket`).
 
     Detected during the probe step (the step then runs eagerly on every rank, with a
     finding): host synchronisations, hyper-parameters the step changes, arguments it
