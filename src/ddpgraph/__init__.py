@@ -16,6 +16,7 @@ from .backends import (
     PassThroughBackend,
     emulation_backend,
 )
+from .buckets import bucket_collate, choose_buckets, pad_to_bucket
 from .capture import CapturedStep, StepState, StepStats, capture_step
 from .checkpoint import load_training_state, training_state
 from .ddp import prepare_ddp
@@ -72,14 +73,17 @@ __all__ = [
     "TrialSettings",
     "__version__",
     "accumulate",
+    "bucket_collate",
     "capture_eval",
     "capture_step",
+    "choose_buckets",
     "emulation_backend",
     "graph_safe_optimizer",
     "graph_submodules",
     "init_distributed",
     "load_training_state",
     "make_step",
+    "pad_to_bucket",
     "partial_report",
     "prepare_ddp",
     "split_batch",

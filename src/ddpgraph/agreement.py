@@ -39,6 +39,7 @@ class Outcome:
     action: Action = Action.CONTINUE
     usage_error: bool = False  # the finding is a usage error: every rank raises it
     warmup_steps: int = 0  # the warm-up this rank plans; ranks take the longest
+    adds_graph: bool = False  # records a graph for a new signature on this call (`family`)
 
 
 @dataclass
@@ -64,6 +65,10 @@ class Decision:
     @property
     def action(self) -> Action:
         return max((o.action for o in self.outcomes), default=Action.CONTINUE)
+
+    @property
+    def adds_graph(self) -> bool:
+        return any(o.adds_graph for o in self.outcomes)
 
     @property
     def usage_error(self) -> bool:

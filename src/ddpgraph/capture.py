@@ -31,8 +31,10 @@ from .backend_choice import choose_backend, needs_adoption
 from .backends import CudaGraphBackend, GraphBackend
 from .call_guard import unservable
 from .distributed import current_rank
-from .engine import Captured, CaptureEngine, Report, StepState, StepStats, has_peers
+from .engine import Captured, Report, StepState, StepStats, has_peers
 from .errors import DdpGraphUsageError, usage_error
+from .family import BeyondMaxGraphs
+from .family_capture import FamilySteps
 from .findings import Code, Finding
 from .inputs import check_supported, leaf_paths, stage_leaves
 from .integrations.accelerate import unwrap_optimizers
@@ -65,7 +67,7 @@ R = TypeVar("R")
 NON_DDP_WARMUP_STEPS = 3
 
 
-class CapturedStep(CaptureEngine[R]):
+class CapturedStep(FamilySteps[R]):
     """A training step that warms up eagerly, is captured once, then replays.
 
     Call it like the function it wraps. Build it with `capture_step`.
@@ -208,10 +210,7 @@ class CapturedStep(CaptureEngine[R]):
         # before, which makes DDP skip its buffer broadcast) can make this call
         # uncapturable: checked here, on every rank, and agreed on.
         forwards = self._counter.count if self._counter else 0
-        ready = not ddp_tools.buffer_sync_skipped(self._model) and (
-            self._counter is None or step_is_capturable(forwards, self._per_step)
-        )
-        decision = self._decide(Outcome(current_rank(), ready, forwards=forwards))
+        decision = self._decide(Outcome(current_rank(), self._recordable_now(), forwards=forwards))
         if not decision.ok:
             extra = steps_until_capturable([o.forwards for o in decision.outcomes], self._per_step)
             self._capture_after = self.stats.warmup_steps + max(1, extra) + 1
@@ -219,6 +218,12 @@ class CapturedStep(CaptureEngine[R]):
             return self._eager(leaves, spec)
         self._optim.prepare()  # a param group added during warm-up gets its tensor lr
         return self._record_call(args, kwargs, leaves, spec)
+
+    def _recordable_now(self) -> bool:
+        forwards = self._counter.count if self._counter else 0
+        return not ddp_tools.buffer_sync_skipped(self._model) and (
+            self._counter is None or step_is_capturable(forwards, self._per_step)
+        )
 
     def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
         snapshot = TrainingSnapshot([self._model], self._optim.optimizers)
@@ -258,7 +263,8 @@ class CapturedStep(CaptureEngine[R]):
     ) -> bool:
         changed = unservable(record, self._model, args, kwargs, leaves, spec)
         if changed is not None:
-            self._unserved.admit(changed, "This step runs eagerly, and so will later calls that the graph cannot serve")
+            if not self._family.expects_unserved():  # a family warms up new signatures
+                    self._unserved.admit(changed, "This step runs eagerly, and so will later calls that the graph cannot serve")
             self.stats.input_changes += 1
             return True
         # The first step after an eval forward: eager DDP skips its buffer broadcast
@@ -321,7 +327,7 @@ def capture_step(
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
     scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
-    on_replay_timeout: Any = ..., compile: Literal[False] = ...,
+    on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ..., compile: Literal[False] = ...,
 ) -> CapturedStep[R]: ...
 @overload
 def capture_step(
@@ -330,7 +336,7 @@ def capture_step(
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
     scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
-    on_replay_timeout: Any = ..., compile: Literal[True],
+    on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ..., compile: Literal[True],
 ) -> TrainStep[R]: ...
 @overload
 def capture_step(
@@ -339,7 +345,7 @@ def capture_step(
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
     scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
-    on_replay_timeout: Any = ..., compile: bool,
+    on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ..., compile: bool,
 ) -> CapturedStep[R] | TrainStep[R]: ...
 def capture_step(
     fn: Callable[..., R],
@@ -358,6 +364,8 @@ def capture_step(
     agree_every: int | None = None,
     replay_timeout: float | str | None = "group",
     on_replay_timeout: str = "abort",
+    max_graphs: int = 1,
+    beyond_max_graphs: BeyondMaxGraphs = "evict",
     compile: bool = False,
 ) -> CapturedStep[R] | TrainStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
@@ -413,6 +421,9 @@ def capture_step(
             their guards saw every this many calls once captured (default 100); a rank
             that saw something runs eager steps until then, which pair with the peers'
             replays. Smaller reacts sooner; each agreement is one small collective.
+        max_graphs, beyond_max_graphs: hold up to `max_graphs` graphs, one per input
+            signature, in one memory pool; beyond them "evict" the least recently used or
+            run "eager" (see `ddpgraph.family`, docs/variable_shapes.md, `pad_to_bucket`).
         replay_timeout, on_replay_timeout: a replay not finished this many seconds after
             it could start ("group", the default: the process group's timeout; None: not
             watched) is reported (REPLAY_TIMED_OUT), then by default ("abort") the process
@@ -450,7 +461,7 @@ def capture_step(
         )
     options = CaptureOptions(
         warmup_steps, on_failure, on_input_change, clone_outputs, stream, pool, backend,
-        generators=tuple(generators), scaler=scaler,
+        generators=tuple(generators), scaler=scaler, max_graphs=max_graphs, beyond_max_graphs=beyond_max_graphs,
         agree_every=DEFAULT_AGREE_EVERY if agree_every is None else agree_every,
         replay_timeout=replay_timeout, on_replay_timeout=on_replay_timeout,
     )

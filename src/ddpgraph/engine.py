@@ -27,7 +27,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -41,6 +41,7 @@ from .backends import CapturedGraph, CaptureError, CudaGraphBackend, GraphBacken
 from .diagnose import finding_from_capture_error
 from .distributed import current_rank
 from .errors import DdpGraphError
+from .family import GraphFamily, shared_pool
 from .findings import Code, Finding
 from .inputs import Signature, StaticInputs, flatten_call, leaf_paths
 from .options import CaptureOptions
@@ -76,6 +77,11 @@ class StepStats:
     input_changes: int = 0
     captures: int = 0
     capture_seconds: float | None = None
+    # The graphs held (`capture_step(max_graphs=...)`, see `family`).
+    graphs: int = 0
+    replays_per_graph: dict[str, int] = field(default_factory=dict)
+    evictions: int = 0
+    pool_bytes: int | None = None  # the family's memory pool; None off CUDA or unknown
 
 
 @dataclass(frozen=True)
@@ -108,13 +114,15 @@ class CaptureEngine(Generic[R]):
     def __init__(self, fn: Callable[..., R], model: nn.Module, options: CaptureOptions, *, shared: bool) -> None:
         self._fn = fn
         self._model = model
-        self._options = options
         self._device = ddp_tools.model_device(model)
+        options = replace(options, pool=shared_pool(options.pool, options.max_graphs, self._device))
+        self._options = options
         # A step on a model without a process group decides alone: another rank may
         # have no such step at all (an EMA or teacher model built on one rank).
         self._shared = shared and isinstance(model, DDP)
         self._group: Any = model.process_group if self._shared else None
         self.stats = StepStats()
+        self._family = GraphFamily(options.max_graphs, options.beyond_max_graphs, self.stats, options.pool, self._device)
         self._state = StepState.WARMUP
         self._reason: Finding | None = None
         self._findings: list[Finding] = []
@@ -219,19 +227,29 @@ class CaptureEngine(Generic[R]):
 
     # ----------------------------------------------------------------- replays
     def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
-        record = self._record
-        assert record is not None
+        assert self._record is not None
+        record = self._family.select(self._record, leaves, spec)
         if self._pending is None:
             self._pending = self._policy_check(record, args, kwargs, leaves, spec)
         self._since_decision += 1
         if self._since_decision >= self._every:
             self._since_decision = 0
             pending = self._pending
-            if pending is not None or self._shared:
+            adding = pending is None and self._policy_adds_graph(record)
+            if pending is not None or self._shared or adding:
                 findings = [pending.finding] if pending is not None else []
-                decision = self._decide(self._outcome(findings, pending.action if pending else Action.CONTINUE))
+                outcome = self._outcome(findings, pending.action if pending else Action.CONTINUE)
+                outcome.adds_graph = adding
+                decision = self._decide(outcome)
                 if not decision.ok:
                     return self._leave_graph(decision, args, kwargs, leaves, spec)
+                if decision.adds_graph:
+                    return self._policy_add_graph(
+                        adding, lambda: self._serve_record(record, args, kwargs, leaves, spec), args, kwargs, leaves, spec
+                    )
+        return self._serve_record(record, args, kwargs, leaves, spec)
+
+    def _serve_record(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         if self._pending is not None:
             # Reported, not yet agreed: eager steps pair with the peers' replays.
             self.stats.eager_steps += 1
@@ -247,6 +265,7 @@ class CaptureEngine(Generic[R]):
 
     def _replay(self, record: Captured, leaves: list[Any]) -> R:
         outputs: R = record.recording.replay(leaves)
+        self._family.replayed(record)
         self._policy_after_replay(record)
         self.stats.replays += 1
         return outputs
@@ -358,6 +377,7 @@ class CaptureEngine(Generic[R]):
         log.info("not capturing: %s", finding.format())
 
     def _drop_record(self) -> None:
+        self._family.release_all(keep=self._record)
         if self._record is not None:
             self._record.recording.release()
         self._record = None
@@ -392,6 +412,16 @@ class CaptureEngine(Generic[R]):
 
     def _policy_after_replay(self, record: Captured) -> None:
         pass
+
+    def _policy_adds_graph(self, record: Captured) -> bool:
+        """Whether this call would add a graph for its signature (`family`)."""
+        return False
+
+    def _policy_add_graph(
+        self, adding: bool, serve: Callable[[], R], args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> R:
+        """The call on which some rank adds a graph (`family_capture`)."""
+        raise NotImplementedError
 
     def _policy_recapture(self) -> None:
         pass

@@ -18,13 +18,16 @@ from torch import nn
 from . import ddp as ddp_tools
 from .backends import GraphBackend
 from .errors import DdpGraphUsageError, usage_error
+from .family import BeyondMaxGraphs, check_family
 from .findings import Code, Finding
 from .replay import OnFailure, check_policies
 from .watchdog import check_options as check_watchdog_options
 
 # Calls between two agreements of a captured step on a DDP model (see `engine`).
 DEFAULT_AGREE_EVERY = 100
-_EXTRA_KEYS = ("generators", "scaler", "agree_every", "replay_timeout", "on_replay_timeout")
+_EXTRA_KEYS = (
+    "generators", "scaler", "agree_every", "replay_timeout", "on_replay_timeout", "max_graphs", "beyond_max_graphs",
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class CaptureOptions:
     # The replay watchdog's (`watchdog`): seconds, "group" (the process group's) or None.
     replay_timeout: Any = "group"
     on_replay_timeout: Any = "abort"
+    max_graphs: int = 1  # graphs held for different input signatures (`family`)
+    beyond_max_graphs: BeyondMaxGraphs = "evict"
 
     def resolved(self, api: str = "capture_step") -> CaptureOptions:
         """`extra` moved into the named fields; an unknown key is a usage error."""
@@ -74,6 +79,8 @@ class CaptureOptions:
             "agree_every": self.agree_every,
             "replay_timeout": self.replay_timeout,
             "on_replay_timeout": self.on_replay_timeout,
+            "max_graphs": self.max_graphs,
+            "beyond_max_graphs": self.beyond_max_graphs,
             **self.extra,
         }
         out.update(override)
@@ -99,6 +106,7 @@ class CaptureOptions:
                 "pass the stream DDP was built on, or leave it out when using `prepare_ddp`",
             )
         self._check_backend(api)
+        check_family(api, self.max_graphs, self.beyond_max_graphs, self.on_input_change)
         self._check_scaler(api)
         check_watchdog_options(self.replay_timeout, self.on_replay_timeout)
         every = self.agree_every

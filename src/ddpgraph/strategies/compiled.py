@@ -156,6 +156,7 @@ class CompiledStep(StepBase[R]):
         now = self._core.stats
         merged = StepStats(**{f.name: getattr(self._past, f.name) + getattr(now, f.name) for f in _COUNTS})
         merged.capture_seconds = now.capture_seconds or self._past.capture_seconds
+        merged.replays_per_graph, merged.pool_bytes = dict(now.replays_per_graph), now.pool_bytes
         return merged
 
     @property
@@ -303,4 +304,4 @@ class CompiledStep(StepBase[R]):
             self._compiled.undo()
 
 
-_COUNTS = [f for f in dataclasses.fields(StepStats) if f.name != "capture_seconds"]
+_COUNTS = [f for f in dataclasses.fields(StepStats) if f.type in ("int", int)]  # summed over cores

@@ -1,0 +1,172 @@
+"""The call on which ranks add graphs to their families (`family`), and why it pairs.
+
+Ranks may hold graphs of different shapes and see different shapes on the same call
+(each rank pads its own batch). That is safe for the same reason an eager step on one
+rank is safe while its peers replay: DDP's collectives in a step do not depend on the
+batch shape. The gradient all-reduce runs over buckets, which are flat buffers laid out
+from the parameters when the reducer is built and rebuilt once on iteration 2; a step
+with 8x64 tokens and one with 8x512 tokens all-reduce the same buckets, in the same
+order, with the same sizes. The buffer broadcast of a forward is parameter- and
+buffer-shaped too. So a replay of a graph for one shape pairs with a replay of another
+shape's graph on a peer, and with an eager step of any shape.
+
+What must pair is what a rank runs on the call that adds a graph. A rank adds a graph
+only on a decision point (every call without peers; every `agree_every`-th call with
+them), where the ranks already meet, and the decision tells every rank that some rank
+adds one, so that all of them meet once more, for the outcome of the recordings:
+
+* CUDA graphs: recording runs no kernel, so its NCCL calls are recorded, not executed.
+  An adding rank records, then meets its peers, then replays the new graph: that
+  replay is this call's step (applied exactly once) and its all-reduce pairs with the
+  peers' step (a replay or an eager call), which they run after the same meeting.
+* A backend that runs the step while recording (the stand-in): the recording itself is
+  this call's step, with its collectives, so an adding rank records and does not
+  replay, and its peers run their step before the meeting too.
+
+Warm-up calls of a new signature are eager steps: they pair with the peers' replays.
+The outcome is local unless a failure left a rank's reducer mid-backward: resetting it
+makes the next backward rebuild buckets with a collective, and a rebuilt reducer has
+new buffers that no held graph reads, so then every rank resets, releases its graphs and
+continues eagerly. Otherwise a signature that failed runs eagerly on that rank, and the
+ranks keep their graphs.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+from torch.utils._pytree import tree_map
+
+from . import ddp as ddp_tools
+from .agreement import Action, Outcome
+from .backends import CapturedGraph, CaptureError
+from .diagnose import finding_from_capture_error
+from .distributed import current_rank
+from .engine import Captured, CaptureEngine
+from .inputs import Signature, StaticInputs, leaf_paths
+from .replay import Recording, fall_back
+
+R = TypeVar("R")
+_FAILED = "Calls with that input signature run eagerly on the ranks where its capture failed; the other graphs stay."
+
+
+def add_graph_call(
+    step: CaptureEngine[R], adding: bool, serve: Callable[[], R],
+    args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any,
+) -> R:
+    """This call, on a decision point where some rank adds a graph. `adding`: this rank
+    does (its signature is warmed up and unheld); `serve` runs the call as usual."""
+    backend = step._backend
+    assert backend is not None
+    runs = backend.executes_during_capture
+    outcome = Outcome(current_rank(), True)
+    out: list[R] = []
+    graph: CapturedGraph | None = None
+    static: StaticInputs | None = None
+    captured: Captured | None = None
+    after_failure: Callable[[], None] = _nothing
+    buffer_sync = ddp_tools.will_sync_buffers(step._model)
+    start = time.perf_counter()
+    if adding:
+        static = StaticInputs(leaves, spec, step._device)
+        _, after_failure = step._policy_undo()
+        static_args, static_kwargs = static.call_args()
+
+        def record() -> Any:
+            result = step._fn(*static_args, **static_kwargs)
+            out.append(result)  # with a backend that runs it, this is the call's step
+            return result
+
+        extra = {"generators": list(step._options.generators)} if step._options.generators else {}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                graph = backend.capture(record, stream=step._stream, pool=step._family.pool, **extra)
+            except CaptureError as err:
+                finding = finding_from_capture_error(err, [str(w.message) for w in caught])
+                stuck = not ddp_tools.reducer_finalized(step._model)
+                outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
+        if not runs:
+            out.clear()  # recorded, not run: the call's step is the replay below
+    elif runs:
+        out.append(serve())
+    if graph is not None:
+        assert static is not None
+        captured = _hold(step, graph, static, buffer_sync, args, kwargs, leaves, spec)
+        step.stats.capture_seconds = time.perf_counter() - start
+    decision = step._decide(outcome)
+    if not decision.ok:
+        fall_back(decision.summary(), "eager", continues=_FAILED, stacklevel=4)
+    if decision.reducer_needs_reset:
+        # Releases every graph, the one just added too.
+        if adding and not out:
+            after_failure()
+        ddp_tools.reset_reducer(step._model)
+        step._give_up(step._summarise(decision))
+    elif not adding:
+        return out[0] if out else serve()
+    elif graph is None:
+        step._family.failed()
+        if out:  # the stand-in ran the step before its recording was refused
+            return out[0]
+        after_failure()
+    elif captured is not None:
+        # Added: the replay is this call's step, or the stand-in's recording was.
+        return _outputs(step, out[0]) if out else step._replay(captured, leaves)
+    if out:
+        return out[0]
+    step.stats.eager_steps += 1
+    return step._eager(leaves, spec)
+
+
+def _outputs(step: CaptureEngine[R], result: R) -> R:
+    if step._options.clone_outputs:
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, result)  # type: ignore[no-any-return]
+    return result
+
+
+def _hold(
+    step: CaptureEngine[R], graph: CapturedGraph, static: StaticInputs, buffer_sync: bool,
+    args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any,
+) -> Captured:
+    captured = Captured(
+        Recording(graph, static, Signature(leaves, spec, leaf_paths(args, kwargs)), step._options.clone_outputs),
+        step._model.training,
+        bool(getattr(step._model, "require_forward_param_sync", True)),
+        buffer_sync,
+    )
+    step._family.add(captured)
+    step._record = captured
+    step.stats.captures += 1
+    return captured
+
+
+class FamilySteps(CaptureEngine[R]):
+    """The engine with a family of graphs: when a call adds one, and that call."""
+
+    def _recordable_now(self) -> bool:
+        """Whether a recording may start on this call (the step knows its DDP counts)."""
+        return True
+
+    def _policy_adds_graph(self, record: Captured) -> bool:
+        # As for a replay: the captured mode and buffer broadcast; as for a capture: not
+        # on an iteration where DDP samples its statistics (this rank's own count).
+        return (
+            self._family.may_add()
+            and self._model.training is record.training
+            and ddp_tools.will_sync_buffers(self._model) is record.buffer_sync
+            and self._recordable_now()
+        )
+
+    def _policy_add_graph(
+        self, adding: bool, serve: Callable[[], R], args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> R:
+        return add_graph_call(self, adding, serve, args, kwargs, leaves, spec)
+
+
+def _nothing() -> None:
+    pass
