@@ -14,8 +14,8 @@ from typing import Any
 from torch import nn
 
 from .distributed import current_rank
-from .engine import Captured
 from .findings import Code, Finding
+from .step_record import Captured
 
 
 def unservable(

@@ -31,7 +31,6 @@ from .backend_choice import choose_backend, needs_adoption
 from .backends import CudaGraphBackend, GraphBackend
 from .call_guard import unservable
 from .distributed import current_rank
-from .engine import Captured, Report, StepState, StepStats, has_peers
 from .errors import DdpGraphUsageError, usage_error
 from .family import BeyondMaxGraphs
 from .family_capture import FamilySteps
@@ -46,6 +45,7 @@ from .replay import OnFailure
 from .rng import generators_refusal, keep_states
 from .snapshot import Restorable, TrainingSnapshot
 from .step_optimizers import StepOptimizers
+from .step_record import Captured, Report, StepState, StepStats, has_peers
 from .warmup import (
     MIN_WARMUP_ITERATIONS,
     default_warmup_steps,

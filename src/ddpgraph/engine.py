@@ -22,16 +22,14 @@ that has nothing to report adds nothing to a replay but the guards' own checks.
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -47,61 +45,13 @@ from .inputs import Signature, StaticInputs, flatten_call, leaf_paths
 from .options import CaptureOptions
 from .probe import host_sync_probe
 from .replay import Recording, UnservedCalls, fall_back, run_eager_call
+from .step_record import Captured, Report, StepState, StepStats
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
 _Self = TypeVar("_Self", bound="CaptureEngine[Any]")
 
 
-def has_peers(model: nn.Module) -> bool:
-    """Whether a step's decisions involve other ranks: a DDP model over a group of more
-    than one process. Any other step decides alone."""
-    if not (isinstance(model, DDP) and dist.is_available() and dist.is_initialized()):
-        return False
-    return dist.get_world_size(model.process_group) > 1
-
-
-class StepState(str, enum.Enum):
-    WARMUP = "warmup"
-    CAPTURED = "captured"
-    EAGER = "eager"
-    CLOSED = "closed"
-
-
-@dataclass
-class StepStats:
-    calls: int = 0
-    warmup_steps: int = 0
-    replays: int = 0
-    eager_steps: int = 0  # eager calls after warm-up: fallback or changed inputs
-    input_changes: int = 0
-    captures: int = 0
-    capture_seconds: float | None = None
-    # The graphs held (`capture_step(max_graphs=...)`, see `family`).
-    graphs: int = 0
-    replays_per_graph: dict[str, int] = field(default_factory=dict)
-    evictions: int = 0
-    pool_bytes: int | None = None  # the family's memory pool; None off CUDA or unknown
-
-
-@dataclass(frozen=True)
-class Report:
-    """What a guard saw on this rank, and the transition it asks the ranks to agree on."""
-
-    finding: Finding
-    action: Action
-
-
-@dataclass(frozen=True)
-class Captured:
-    """What was captured, fixed at the capture call: the graph with its inputs, and the
-    model's flags that a replay cannot change (it runs no Python)."""
-
-    recording: Recording[Any]
-    training: bool
-    forward_sync: bool
-    buffer_sync: bool
-    policy: Any = field(default=None)  # the step's own record (its guards)
 
 
 class CaptureEngine(Generic[R]):

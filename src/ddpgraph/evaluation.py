@@ -43,13 +43,14 @@ from . import ddp as ddp_tools
 from .agreement import Action, Outcome
 from .backends import CudaGraphBackend, GraphBackend
 from .distributed import current_rank
-from .engine import Captured, CaptureEngine, Report, StepState, has_peers
+from .engine import CaptureEngine
 from .errors import usage_error
 from .findings import Code, Finding
 from .inputs import StaticInputs, check_supported
 from .options import CaptureOptions
 from .probe import host_sync_probe
 from .replay import OnFailure
+from .step_record import Captured, Report, StepState, has_peers
 from .strategies.dynamo import compile_count
 from .streams import capture_stream
 

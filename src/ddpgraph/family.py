@@ -37,7 +37,7 @@ from .errors import usage_error
 from .inputs import Signature, TensorMeta
 
 if TYPE_CHECKING:
-    from .engine import Captured, StepStats
+    from .step_record import Captured, StepStats
 
 BeyondMaxGraphs = Literal["evict", "eager"]
 BEYOND_MAX_GRAPHS = ("evict", "eager")

@@ -46,9 +46,10 @@ from .agreement import Action, Outcome
 from .backends import CapturedGraph, CaptureError
 from .diagnose import finding_from_capture_error
 from .distributed import current_rank
-from .engine import Captured, CaptureEngine
+from .engine import CaptureEngine
 from .inputs import Signature, StaticInputs, leaf_paths
 from .replay import Recording, fall_back
+from .step_record import Captured
 
 R = TypeVar("R")
 _FAILED = "Calls with that input signature run eagerly on the ranks where its capture failed; the other graphs stay."

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from .agreement import Action
-from .engine import Report
 from .findings import Code, Finding
+from .step_record import Report
 
 _requires_grad = attrgetter("requires_grad")
 

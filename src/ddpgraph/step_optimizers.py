@@ -23,7 +23,6 @@ import torch
 from torch.optim import Optimizer
 
 from .agreement import Action
-from .engine import Report
 from .errors import DdpGraphError
 from .findings import Code, Finding
 from .optim import (
@@ -34,6 +33,7 @@ from .optim import (
     graph_safe_optimizer,
     not_capturable_finding,
 )
+from .step_record import Report
 
 
 @dataclass(frozen=True)

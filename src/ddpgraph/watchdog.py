@@ -259,8 +259,9 @@ class ReplayWatchdog:
                 return
             self._sleep(self.poll_s)
         self._refuse_saves(self.failure)
-        self._aborter = threading.Thread(target=self._abort_group, name="ddpgraph-abort", daemon=True)
-        self._aborter.start()
+        aborter = threading.Thread(target=self._abort_group, name="ddpgraph-abort", daemon=True)
+        aborter.start()
+        self._aborter = aborter  # published once started: another thread may join it
         deadline = self._clock() + self.exit_grace_s
         while self._clock() < deadline:
             self._sleep(self.poll_s)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ddpgraph.watchdog import EXIT_CODE
-from launcher import SCENARIOS, gpu_world, torchrun_env
+from launcher import SCENARIOS, torchrun_env
 
 pytestmark = pytest.mark.gpu
 SCRIPT = SCENARIOS / "gpu_watchdog.py"

@@ -15,12 +15,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import ddp as ddp_tools
-from ..engine import StepState, StepStats
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
 from ..inputs import StaticInputs, flatten_call
 from ..options import CaptureOptions as CaptureOptions  # re-exported: the strategies take it
 from ..replay import run_eager_call
+from ..step_record import StepState, StepStats
 from .selection import SelectionReport
 
 R = TypeVar("R")

@@ -41,9 +41,9 @@ from .. import ddp as ddp_tools
 from ..agreement import Action, Outcome, agree
 from ..capture import CapturedStep, StepState, StepStats
 from ..distributed import current_rank
-from ..engine import Report
 from ..errors import DdpGraphWarning, usage_error
 from ..findings import Code, Finding
+from ..step_record import Report
 from ..warmup import default_warmup_steps
 from .base import CaptureOptions, R, Reason, StepBase, like_static_inputs
 from .dynamo import (
