@@ -42,10 +42,11 @@ from .inputs import (
     flatten_call,
     leaf_paths,
 )
-from .optim import HyperparamGuard, TensorHyperparams, baked_finding, graph_safe_optimizer
+from .parity import ParityCheck, ParityRun, as_parity_check
 from .probe import host_sync_probe
 from .replay import OnFailure, Recording, UnservedCalls, check_policies, fall_back, run_eager_call
 from .rng import generators_refusal, keep_states
+from .safe_optimizers import GraphSafeOptimizers
 from .snapshot import TrainingSnapshot
 from .warmup import MIN_WARMUP_ITERATIONS, default_warmup_steps, steps_until_capturable
 
@@ -96,8 +97,10 @@ class CapturedStep(Generic[R]):
         backend: GraphBackend | None,
         generators: Sequence[torch.Generator] = (),
         scaler: GraphSafeGradScaler | None = None,
+        parity: ParityCheck | None = None,
     ) -> None:
         self._fn = fn
+        self._parity = parity
         self._generators = list(generators)
         self._scaler = scaler
         self._model = model
@@ -114,8 +117,6 @@ class CapturedStep(Generic[R]):
         self._reason: Finding | None = None
         self._findings: list[Finding] = []
         self._recording: Recording[R] | None = None
-        self._guards: list[HyperparamGuard] = []
-        self._captured_state: list[dict[Any, dict[str, Any]]] = []
         self._captured_params: list[nn.Parameter] = []
         self._captured_training = True
         self._captured_forward_sync = True
@@ -123,7 +124,7 @@ class CapturedStep(Generic[R]):
         self._probed = False
         self._unserved = UnservedCalls(on_input_change)
         self._hooks: list[Any] = []
-        self._tensor_lrs: list[TensorHyperparams] = []
+        self._safe = GraphSafeOptimizers(self._optimizers, self._device)
 
         # Arguments are checked before anything (the optimizer) is changed.
         forwards = self._counter.count if self._counter else 0
@@ -185,8 +186,6 @@ class CapturedStep(Generic[R]):
             return self._run_eager(leaves, spec)
         if self.stats.warmup_steps == 0:
             check_supported(args, kwargs)
-        for kept in self._tensor_lrs:
-            kept.restore()
         if (
             self._probed
             and self.stats.warmup_steps >= self._capture_after
@@ -206,6 +205,7 @@ class CapturedStep(Generic[R]):
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
+        self._safe.close()
         self._state = StepState.CLOSED
 
     def __enter__(self) -> CapturedStep[R]:
@@ -259,13 +259,7 @@ class CapturedStep(Generic[R]):
         return Finding(Code.NO_CUDA, f"{why}; the step runs eagerly", subject="`capture_step`")
 
     def _make_optimizers_graph_safe(self) -> Finding | None:
-        for opt in self._optimizers:
-            try:
-                graph_safe_optimizer(opt, tensor_lr_on_cpu=self._device.type == "cpu")
-            except DdpGraphError as err:
-                return err.finding
-        self._tensor_lrs = [TensorHyperparams(opt) for opt in self._optimizers]
-        return None
+        return self._safe.prepare()
 
     def _validate_warmup(self, warmup_steps: int | None, forwards: int) -> int:
         is_ddp = isinstance(self._model, DDP)
@@ -294,7 +288,8 @@ class CapturedStep(Generic[R]):
 
     # ----------------------------------------------------------------- phases
     def _run_eager(self, leaves: list[Any], spec: Any) -> R:
-        return run_eager_call(self._fn, leaves, spec, self._device, self._stream)
+        with self._safe.installed(read_back=self._state is not StepState.CAPTURED):
+            return run_eager_call(self._fn, leaves, spec, self._device, self._stream)
 
     def _warmup(self, leaves: list[Any], spec: Any) -> R:
         probe_now = (
@@ -356,12 +351,8 @@ class CapturedStep(Generic[R]):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                graph = self._backend.capture(
-                    record,
-                    stream=self._stream,
-                    pool=self._pool,
-                    **extra,
-                )
+                with self._safe.installed():
+                    graph = self._backend.capture(record, stream=self._stream, pool=self._pool, **extra)
                 outcome = Outcome(current_rank(), True)
             except CaptureError as err:
                 outcome = Outcome(
@@ -388,7 +379,7 @@ class CapturedStep(Generic[R]):
                     put_back()
             self._remember_captured_state()
             log.info("captured the training step in %.3f s on rank %d", elapsed, current_rank())
-            return self._replay_now(leaves)
+            return self._first_replay(leaves, spec)
         if graph is not None:
             graph.release()
         if decision.reducer_needs_reset:
@@ -412,18 +403,38 @@ class CapturedStep(Generic[R]):
             # there, the graph would not. Expected, so counted but not warned about.
             self.stats.eager_steps += 1
             return self._run_eager(leaves, spec)
-        for guard in self._guards:
-            changes = guard.check()
-            if any(not c.applied for c in changes):
-                self._drop_graph()
-                self._give_up(baked_finding(changes, guard.optimizer))
-                self.stats.eager_steps += 1
-                return self._run_eager(leaves, spec)
+        baked = self._safe.before_replay()
+        if baked is not None:
+            self._drop_graph()
+            self._give_up(baked)
+            self.stats.eager_steps += 1
+            return self._run_eager(leaves, spec)
         return self._replay_now(leaves)
 
+    def _first_replay(self, leaves: list[Any], spec: Any) -> R:
+        """The capturing call's replay; with `parity`, checked against the same step run
+        eagerly (`parity.ParityRun`), and given up on every rank if any rank differs."""
+        if self._parity is None:
+            return self._replay_now(leaves)
+        undo = [self._scaler._snapshot] if self._scaler else []
+        check = ParityRun(self._parity, self._model, self._optimizers, self._generators, undo)
+        out = check.run(lambda: self._run_eager(leaves, spec), lambda: self._replay_now(leaves))
+        found = [check.finding] if check.finding else []
+        decision = agree(Outcome(current_rank(), not found, found), self._group, self._device)
+        if decision.ok:
+            check.release()
+            return out
+        check.undo()
+        self._drop_graph()
+        self._give_up(self._summarise(decision))
+        self.stats.eager_steps += 1
+        return self._run_eager(leaves, spec)
+
     def _replay_now(self, leaves: list[Any]) -> R:
-        assert self._recording is not None
-        outputs = self._recording.replay(leaves)
+        assert self._recording is not None and self._backend is not None
+        # A stand-in replay runs the step again: it must read what the graph reads.
+        with self._safe.installed(active=self._backend.executes_during_capture):
+            outputs = self._recording.replay(leaves)
         if isinstance(self._model, DDP):
             # A replay runs no Python. DDP's forward leaves this flag set, and it decides
             # whether the next forward broadcasts buffers; an eval forward in between
@@ -468,16 +479,12 @@ class CapturedStep(Generic[R]):
         if self._recording is not None:
             self._recording.release()
         self._recording = None
-        self._guards = []
-        self._captured_state = []
+        self._safe.released()
         self._captured_params = []
 
     # ----------------------------------------------------------------- checkpoints
     def _remember_captured_state(self) -> None:
-        self._guards = [HyperparamGuard(opt) for opt in self._optimizers]
-        self._captured_state = [
-            {p: dict(s) for p, s in opt.state.items()} for opt in self._optimizers
-        ]
+        self._safe.captured()
         self._captured_params = list(self._model.parameters())
         self._captured_training = self._model.training
         self._captured_forward_sync = bool(getattr(self._model, "require_forward_param_sync", True))
@@ -491,12 +498,7 @@ class CapturedStep(Generic[R]):
 
     def _after_optimizer_load(self, optimizer: Optimizer) -> None:
         """Keep the graph's storage: copy loaded values into the captured tensors."""
-        if self._state is not StepState.CAPTURED:
-            if self._backend is not None and self._state is StepState.WARMUP:
-                graph_safe_optimizer(optimizer, tensor_lr_on_cpu=self._device.type == "cpu")
-            return
-        index = next(i for i, o in enumerate(self._optimizers) if o is optimizer)
-        if not _copy_into_captured(optimizer, self._captured_state[index], self._guards[index]):
+        if not self._safe.after_load(optimizer) and self._state is StepState.CAPTURED:
             self._invalidate(
                 f"`{type(optimizer).__name__}.load_state_dict` loaded state with another "
                 "structure than the captured one"
@@ -524,45 +526,6 @@ class CapturedStep(Generic[R]):
         self._state = StepState.WARMUP
         self._probed = False
         self._capture_after = self.stats.warmup_steps + 1
-
-
-def _copy_into_captured(
-    optimizer: Optimizer, captured: dict[Any, dict[str, Any]], guard: HyperparamGuard
-) -> bool:
-    for p, state in optimizer.state.items():
-        old = captured.get(p)
-        if old is None or set(old) != set(state):
-            return False
-        for key, value in state.items():
-            target = old[key]
-            if isinstance(target, torch.Tensor):
-                if not isinstance(value, torch.Tensor) or value.numel() != target.numel():
-                    if isinstance(value, (int, float)) and target.numel() == 1:
-                        target.fill_(value)
-                        continue
-                    return False
-                with torch.no_grad():
-                    target.copy_(value.reshape(target.shape))
-            elif value != target:
-                return False
-    if set(captured) != set(optimizer.state):
-        return False
-    for p, old in captured.items():
-        optimizer.state[p] = dict(old)
-    # Hyper-parameters: the guard writes loaded values into the captured tensors, and
-    # reports Python values that differ, which the next call turns into eager steps.
-    loaded_groups = optimizer.param_groups
-    for group, captured_group in zip(loaded_groups, guard.groups, strict=False):
-        for key, value in captured_group.items():
-            if isinstance(value, torch.Tensor) and group.get(key) is not value:
-                new = group.get(key)
-                with torch.no_grad():
-                    if isinstance(new, torch.Tensor):
-                        value.copy_(new.reshape(value.shape))
-                    elif isinstance(new, (int, float)):
-                        value.fill_(new)
-                group[key] = value
-    return True
 
 
 def _hyperparameter_values(optimizer: Optimizer) -> list[dict[str, Any]]:
@@ -621,6 +584,7 @@ def capture_step(
     backend: GraphBackend | None = None,
     generators: Sequence[torch.Generator] = (),
     scaler: GraphSafeGradScaler | None = None,
+    parity: ParityCheck | bool | None = None,
 ) -> CapturedStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
     it does on the GPU) as one CUDA graph, and replay it on later calls.
@@ -641,10 +605,12 @@ def capture_step(
             constant arguments; returns tensors.
         model: the model `fn` trains: a DDP model built with `prepare_ddp`, or a plain
             module for single-GPU training.
-        optimizer: the optimizer(s) `fn` steps. They are switched to graph-safe mode
-            (`graph_safe_optimizer`): capturable kernels, learning rate in a device tensor,
-            so `torch.optim.lr_scheduler` keeps working after capture. An optimizer with
-            no such mode is refused (OPTIMIZER_NOT_CAPTURABLE).
+        optimizer: the optimizer(s) `fn` steps. They stay as written: ddpgraph mirrors
+            their hyper-parameters into device tensors it fills before each replay, and
+            installs the graph-safe mode (capturable kernels, those tensors) only while it
+            runs or records the step, so `torch.optim.lr_scheduler` keeps working on floats
+            after capture (`GraphSafeOptimizers`). An optimizer with no such mode is
+            refused (OPTIMIZER_NOT_CAPTURABLE).
         warmup_steps: eager calls before capture; at least 1, and at least what DDP needs.
         on_failure: "eager" (default): if capture is refused or fails on any rank, all
             ranks run every later step eagerly, and `reason` says why; "raise": all ranks
@@ -669,6 +635,10 @@ def capture_step(
             replay draws fresh numbers from them and advances them as eager steps would.
         scaler: the `ddpgraph.GraphSafeGradScaler` the step uses, so that a failed (or
             stand-in) recording leaves its state as eager training would.
+        parity: `ddpgraph.ParityCheck(rtol=...)` (or True: bit-for-bit): on the call that
+            captures, run the step once eagerly and once replayed from the same saved state
+            and compare parameters and outputs on every rank; a difference beyond `rtol` on
+            any rank is a PARITY_MISMATCH finding, answered by `on_failure` on all ranks.
 
     Without CUDA (or with the model on CPU) the step runs eagerly and `reason` has code
     NO_CUDA. Use `close()` or a `with` block to free the graph before the process group.
@@ -713,6 +683,7 @@ def capture_step(
         backend=backend,
         generators=list(generators),
         scaler=scaler,
+        parity=as_parity_check(parity),
     )
 
 
