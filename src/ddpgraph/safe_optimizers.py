@@ -98,6 +98,10 @@ class GraphSafeOptimizers:
                 if changes and self._pending is None:
                     self._pending = baked_finding(changes, mirror.optimizer)
                 mirror = self.mirrors[i] = self._mirror(mirror.optimizer)
+            if self._captured is None and self.device.type == "cuda":
+                # A checkpoint loaded since (plain: steps on the CPU) or state made by
+                # the user's own eager steps; a captured graph keeps its own tensors.
+                scalars_to_device(mirror.optimizer)
             mirror.sync()
             mirror.install()
 

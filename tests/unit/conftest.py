@@ -137,7 +137,8 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
     """Build a `Run`: DDP on the one-process gloo group unless `ddp=False`.
 
     `graph_safe=True` runs every step in the graph-safe mode `capture_step` runs its
-    eager steps in, so the run is the eager reference of a captured one.
+    eager steps in, so the run is the eager reference of a captured one. `converted=True`
+    converts the optimizer for good (`graph_safe_optimizer`), as the strategies do.
     """
 
     def build(
@@ -145,6 +146,7 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
         ddp: bool = True,
         optimizer: type[torch.optim.Optimizer] = torch.optim.AdamW,
         graph_safe: bool = False,
+        converted: bool = False,
         schedule: Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
         | None = None,
         **opt_kw: Any,
@@ -159,6 +161,8 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
             else torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))
         )
         run = Run(model, opt, sched)
+        if converted:
+            ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
         if graph_safe:
             run.safe = ddpgraph.GraphSafeOptimizers([opt], ddpgraph.ddp.model_device(model))
             assert run.safe.prepare() is None
