@@ -57,9 +57,12 @@ class Loop:
         self.opt.step()
         return loss.detach()
 
-    def train(self, data: list[Any], *, captured: bool, before: Callable[[int], None] | None = None, **kw: Any) -> Any:
+    def train(self, data: list[Any], *, captured: bool, plain: bool = False, before: Callable[[int], None] | None = None, **kw: Any) -> Any:
+        """Captured, eager with the same settings, or (`plain`) ordinary eager training."""
         if captured:
             step: Any = ddpgraph.capture_step(self.fn, model=self.model, optimizer=self.opt, **kw)
+        elif plain:
+            step = self.fn
         else:
             safe = GraphSafeOptimizers([self.opt], DEV)
             assert safe.prepare() is None
@@ -112,7 +115,7 @@ def test_checkpoint_saved_during_graphed_training_steps_in_a_plain_optimizer_on_
 @pytest.mark.parametrize("kind", ["ordinary", "graphed", "other_structure"])
 def test_checkpoint_from_anywhere_continues_captured_and_equals_eager(kind: str) -> None:
     source = Loop(lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1, amsgrad=kind == "other_structure"))
-    source.train(_data(6), captured=kind == "graphed")
+    source.train(_data(6), captured=kind == "graphed", plain=kind != "graphed")
     saved = copy.deepcopy(source.opt.state_dict())
 
     def load(loop: Loop) -> Callable[[int], None]:
