@@ -11,12 +11,16 @@ sdpa; transformers GPT-2 small; timm ViT-S/16), batch 8, random weights, AdamW +
 + `clip_grad_norm_`, is trained for --steps steps in bf16 autocast and in fp32, from the
 same state and data: twice eagerly with the graph-safe optimizer `capture_step` uses
 (`GraphSafeOptimizers.installed()`, the definition of "eager with the same settings"),
-and once with `capture_step`. Then again under each candidate fix, applied to the eager
-and the captured run alike:
+and once with `capture_step`. Then again under each variant, applied to the eager and the
+captured run alike; all but the baseline run without ddpgraph's fix (`ddpgraph.same_path`),
+to test each as a cause or as another fix:
 
+  baseline                         ddpgraph as it is: the recording takes the eager code
+                                   path in transformers (`ddpgraph.same_path`)
+  capture_check_kept               without that: transformers sees the capture and builds
+                                   an explicit causal mask (ddpgraph before the fix)
   sdpa=flash|efficient|math|cudnn  `torch.nn.attention.sdpa_kernel(<backend>)`
   eager_on_capture_stream          the eager runs on ddpgraph's capture stream
-  no_capture_check_in_transformers transformers' `is_tracing()` blind to stream capture
   deterministic                    `use_deterministic_algorithms` + CUBLAS_WORKSPACE_CONFIG
                                    (in a child process: the variable must precede cuBLAS)
 
@@ -47,7 +51,7 @@ from ddpgraph import GraphSafeOptimizers
 from ddpgraph.streams import capture_stream, on_stream
 
 BATCH, SEQ = 8, 256
-VARIANTS = ["baseline", "sdpa=flash", "sdpa=efficient", "sdpa=math", "sdpa=cudnn", "eager_on_capture_stream", "no_capture_check_in_transformers", "deterministic"]
+VARIANTS = ["baseline", "capture_check_kept", "sdpa=flash", "sdpa=efficient", "sdpa=math", "sdpa=cudnn", "eager_on_capture_stream", "deterministic"]
 
 
 def build(name: str) -> tuple[torch.nn.Module, Callable[[int], tuple[torch.Tensor, torch.Tensor]]]:
@@ -109,26 +113,30 @@ class AttentionLog(TorchDispatchMode):
 
 
 def variant_context(variant: str) -> contextlib.AbstractContextManager[Any]:
+    """Every variant but the baseline runs without ddpgraph's fix, to test it as a cause or
+    as another fix."""
+    stack = contextlib.ExitStack()
+    if variant == "baseline":
+        return stack
+    stack.enter_context(_capture_check_kept())
     if variant.startswith("sdpa="):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}[variant[5:]]
-        return sdpa_kernel([backend])
-    if variant == "no_capture_check_in_transformers":
-        return _transformers_blind_to_capture()
-    return contextlib.nullcontext()
+        stack.enter_context(sdpa_kernel([backend]))
+    return stack
 
 
 @contextlib.contextmanager
-def _transformers_blind_to_capture() -> Iterator[None]:
-    from transformers.utils import import_utils
+def _capture_check_kept() -> Iterator[None]:
+    from ddpgraph import same_path
 
-    kept = import_utils.is_cuda_stream_capturing
-    import_utils.is_cuda_stream_capturing = lambda: False  # type: ignore[assignment]
+    kept = same_path.CAPTURE_CHECKS
+    same_path.CAPTURE_CHECKS = ()
     try:
         yield
     finally:
-        import_utils.is_cuda_stream_capturing = kept  # type: ignore[assignment]
+        same_path.CAPTURE_CHECKS = kept
 
 
 def train(name: str, bf16: bool, captured: bool, variant: str, steps: int, *, inspect: bool = False) -> dict[str, Any]:
@@ -193,7 +201,7 @@ def rows_for(name: str, variant: str, steps: int) -> list[dict[str, Any]]:
     for bf16 in (True, False):
         if variant == "sdpa=flash" and not bf16:
             continue  # flash attention has no fp32 kernel
-        inspect = variant == "baseline"
+        inspect = variant in ("baseline", "capture_check_kept")
         try:
             ref = train(name, bf16, False, variant, steps, inspect=inspect)
             again = train(name, bf16, False, variant, steps) if variant == "baseline" else None

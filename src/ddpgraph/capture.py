@@ -47,6 +47,7 @@ from .probe import host_sync_probe
 from .replay import OnFailure, Recording, UnservedCalls, check_policies, fall_back, run_eager_call
 from .rng import generators_refusal, keep_states
 from .safe_optimizers import GraphSafeOptimizers
+from .same_path import eager_code_paths
 from .snapshot import TrainingSnapshot
 from .warmup import MIN_WARMUP_ITERATIONS, default_warmup_steps, steps_until_capturable
 
@@ -342,7 +343,8 @@ class CapturedStep(Generic[R]):
         syncs: list[Any] = []
 
         def record() -> Any:
-            with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe:
+            sync_probe = host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend))
+            with sync_probe as probe, eager_code_paths():
                 try:
                     return self._fn(*static_args, **static_kwargs)
                 finally:
