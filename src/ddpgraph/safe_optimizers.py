@@ -9,7 +9,7 @@ after `close()`:
     with safe.installed():            # every eager call of the step, and the recording
         ...
     safe.captured()                   # after a successful capture
-    changes = safe.before_replay()    # fill changed values; those it cannot apply
+    baked = safe.before_replay()      # fill changed values; a Finding if one cannot be
     safe.after_load(optimizer)        # False: structure changed, capture again
     safe.released()                   # the graph was dropped
     safe.close()                      # the optimizers as given
