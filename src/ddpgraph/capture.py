@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import torch
@@ -38,10 +39,12 @@ from .inputs import check_supported, leaf_paths, stage_leaves
 from .integrations.accelerate import unwrap_optimizers
 from .options import DEFAULT_AGREE_EVERY, CaptureOptions
 from .param_guard import ParamLayout
+from .parity import ParityCheck, ParityRun
 from .probe import host_sync_probe
 from .probe_checks import ProbeWatch
 from .replay import OnFailure
 from .rng import generators_refusal, keep_states
+from .same_path import eager_code_paths
 from .snapshot import Restorable, TrainingSnapshot
 from .step_optimizers import StepOptimizers
 from .warmup import (
@@ -152,7 +155,6 @@ class CapturedStep(CaptureEngine[R]):
     def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         if self.stats.warmup_steps == 0:
             check_supported(args, kwargs)
-        self._optim.before_warmup_call()
         due = self._gate_open and self.stats.warmup_steps + 1 >= self._capture_after
         if due and self._probed:
             return self._capture_call(args, kwargs, leaves, spec)
@@ -223,6 +225,37 @@ class CapturedStep(CaptureEngine[R]):
         self._optim.remember()
         self._layout = ParamLayout(self._model)
 
+    def _policy_running(self, phase: str) -> AbstractContextManager[Any]:
+        # The graph-safe mode is installed outside a CUDA capture (filling the mirrors
+        # must not be recorded) and inside a stand-in's recording, which its replays rerun.
+        stand_in = self._backend is not None and self._backend.executes_during_capture
+        stack = ExitStack()
+        if phase == "record":
+            stack.enter_context(eager_code_paths())
+        active = phase == "eager" or (phase == "record") == stand_in
+        stack.enter_context(self._optim.running(read_back=self._state is not StepState.CAPTURED and phase == "eager", active=active))
+        return stack
+
+    def _policy_first_replay(self, record: Captured, leaves: list[Any], spec: Any) -> R:
+        """With `parity`, the capturing call's step runs once eagerly and once replayed
+        from the same state (`parity.ParityRun`); a difference on any rank is agreed on
+        and answered by `on_failure` on every rank, with the eager step's state put back."""
+        parity = self._options.parity_check
+        if parity is None:
+            return self._replay(record, leaves)
+        makers = [r.snapshot for r in self._restorables]
+        check = ParityRun(parity, self._model, self._optim.optimizers, self._generators, makers)
+        out = check.run(lambda: self._eager(leaves, spec), lambda: self._replay(record, leaves))
+        decision = self._decide(self._outcome([check.finding] if check.finding else []))
+        if decision.ok:
+            check.release()
+            return out
+        check.undo()
+        self._optim.forget()
+        self._give_up(self._summarise(decision))
+        self.stats.eager_steps += 1
+        return self._eager(leaves, spec)
+
     # ----------------------------------------------------------------- captured
     def _policy_check(
         self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
@@ -265,6 +298,7 @@ class CapturedStep(CaptureEngine[R]):
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
+        self._optim.close()
 
     # ----------------------------------------------------------------- checkpoints
     def _install_load_hooks(self) -> None:
@@ -298,7 +332,7 @@ def capture_step(
     warmup_steps: int | None = ..., on_failure: OnFailure = ..., on_input_change: OnFailure = ...,
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
-    scaler: Any = ..., agree_every: int | None = ..., compile: Literal[False] = ...,
+    scaler: Any = ..., agree_every: int | None = ..., parity: ParityCheck | bool | None = ..., compile: Literal[False] = ...,
 ) -> CapturedStep[R]: ...
 @overload
 def capture_step(
@@ -306,7 +340,7 @@ def capture_step(
     warmup_steps: int | None = ..., on_failure: OnFailure = ..., on_input_change: OnFailure = ...,
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
-    scaler: Any = ..., agree_every: int | None = ..., compile: Literal[True],
+    scaler: Any = ..., agree_every: int | None = ..., parity: ParityCheck | bool | None = ..., compile: Literal[True],
 ) -> TrainStep[R]: ...
 @overload
 def capture_step(
@@ -314,7 +348,7 @@ def capture_step(
     warmup_steps: int | None = ..., on_failure: OnFailure = ..., on_input_change: OnFailure = ...,
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
-    scaler: Any = ..., agree_every: int | None = ..., compile: bool,
+    scaler: Any = ..., agree_every: int | None = ..., parity: ParityCheck | bool | None = ..., compile: bool,
 ) -> CapturedStep[R] | TrainStep[R]: ...
 def capture_step(
     fn: Callable[..., R],
@@ -331,6 +365,7 @@ def capture_step(
     generators: Sequence[torch.Generator] = (),
     scaler: Any = None,
     agree_every: int | None = None,
+    parity: ParityCheck | bool | None = None,
     compile: bool = False,
 ) -> CapturedStep[R] | TrainStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
@@ -352,10 +387,12 @@ def capture_step(
             constant arguments; returns tensors.
         model: the model `fn` trains: a DDP model built with `prepare_ddp`, or a plain
             module for single-GPU training.
-        optimizer: the optimizer(s) `fn` steps. They are switched to graph-safe mode
-            (`graph_safe_optimizer`): capturable kernels, learning rate in a device tensor,
-            so `torch.optim.lr_scheduler` keeps working after capture. An optimizer with
-            no such mode is refused (OPTIMIZER_NOT_CAPTURABLE).
+        optimizer: the optimizer(s) `fn` steps. They stay as written: ddpgraph mirrors
+            their hyper-parameters into device tensors it fills before each replay, and
+            installs the graph-safe mode (capturable kernels, those tensors) only while it
+            runs or records the step, so `torch.optim.lr_scheduler` keeps working on floats
+            after capture (`GraphSafeOptimizers`). An optimizer with no such mode is
+            refused (OPTIMIZER_NOT_CAPTURABLE).
         warmup_steps: eager calls before capture; at least 1, and at least what DDP needs.
         on_failure: "eager" (default): if capture is refused or fails on any rank, all
             ranks run every later step eagerly, and `reason` says why; "raise": all ranks
@@ -386,6 +423,10 @@ def capture_step(
             their guards saw every this many calls once captured (default 100); a rank
             that saw something runs eager steps until then, which pair with the peers'
             replays. Smaller reacts sooner; each agreement is one small collective.
+        parity: `ddpgraph.ParityCheck(rtol=...)` (or True: bit-for-bit): on the call that
+            captures, run the step once eagerly and once replayed from the same saved state
+            and compare parameters and outputs on every rank; a difference beyond `rtol` on
+            any rank is a PARITY_MISMATCH finding, answered by `on_failure` on all ranks.
         compile: True compiles the model in place with torch.compile (inductor's default
             mode, no CUDA graphs of its own) and captures the whole step around it: the
             fastest path where fusion pays. Compiling finishes before capture, and a
@@ -420,7 +461,7 @@ def capture_step(
     options = CaptureOptions(
         warmup_steps, on_failure, on_input_change, clone_outputs, stream, pool, backend,
         generators=tuple(generators), scaler=scaler,
-        agree_every=DEFAULT_AGREE_EVERY if agree_every is None else agree_every,
+        agree_every=DEFAULT_AGREE_EVERY if agree_every is None else agree_every, parity=parity,
     )
     if compile is not False:
         from .strategies.compile_switch import capture_compiled

@@ -46,6 +46,7 @@ class Code(str, enum.Enum):
     SCRIPT_TIMED_OUT = "SCRIPT_TIMED_OUT"
     # Training.
     NON_FINITE_LOSS = "NON_FINITE_LOSS"
+    PARITY_MISMATCH = "PARITY_MISMATCH"
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,16 @@ CATALOG: dict[Code, CodeInfo] = {
         "on at least one rank; the message names the step and the ranks.",
         "Look at that step's data and learning rate; with fp16, `GraphSafeGradScaler` skips "
         "steps whose gradients overflow; `NonFiniteMonitor(action='report')` keeps training.",
+    ),
+    Code.PARITY_MISMATCH: CodeInfo(
+        "The replayed step computes something else than the same step run eagerly",
+        "`capture_step(parity=...)` ran the step once eagerly and once replayed from the same "
+        "saved state; parameters or outputs differ by more than the stated tolerance, so the "
+        "graph records other kernels (an attention backend chosen differently while capturing, "
+        "a nondeterministic kernel) or misses an update.",
+        "Read the size in the message: a rounding-sized difference from a nondeterministic "
+        "kernel can be allowed with `ParityCheck(rtol=...)`; a large one means the graph is "
+        "wrong, so keep training eager (the default answer) and report it.",
     ),
 }
 

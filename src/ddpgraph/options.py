@@ -19,11 +19,12 @@ from . import ddp as ddp_tools
 from .backends import GraphBackend
 from .errors import DdpGraphUsageError, usage_error
 from .findings import Code, Finding
+from .parity import ParityCheck, as_parity_check
 from .replay import OnFailure, check_policies
 
 # Calls between two agreements of a captured step on a DDP model (see `engine`).
 DEFAULT_AGREE_EVERY = 100
-_EXTRA_KEYS = ("generators", "scaler", "agree_every")
+_EXTRA_KEYS = ("generators", "scaler", "agree_every", "parity")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class CaptureOptions:
     generators: Sequence[torch.Generator] = ()
     scaler: Any = None
     agree_every: int = DEFAULT_AGREE_EVERY
+    parity: Any = None  # a `parity.ParityCheck`, True or None
 
     def resolved(self, api: str = "capture_step") -> CaptureOptions:
         """`extra` moved into the named fields; an unknown key is a usage error."""
@@ -68,6 +70,7 @@ class CaptureOptions:
             "generators": tuple(self.generators),
             "scaler": self.scaler,
             "agree_every": self.agree_every,
+            "parity": self.parity,
             **self.extra,
         }
         out.update(override)
@@ -94,9 +97,14 @@ class CaptureOptions:
             )
         self._check_backend(api)
         self._check_scaler(api)
+        as_parity_check(self.parity)
         every = self.agree_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise usage_error(f"`{api}(agree_every=...)`", f"expected an int >= 1, got {every!r}", f"leave it out for the default ({DEFAULT_AGREE_EVERY})")
+
+    @property
+    def parity_check(self) -> ParityCheck | None:
+        return as_parity_check(self.parity)
 
     def _check_backend(self, api: str) -> None:
         b = self.backend
