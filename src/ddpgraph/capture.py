@@ -315,7 +315,10 @@ class CapturedStep(CaptureEngine[R]):
             report = self._optim.after_load(optimizer)
             if report is not None:
                 self.report(report)
-        elif self._state is StepState.WARMUP and self._backend is not None:
+        elif self._backend is not None:
+            # Warming up, or eager after a fallback (whose steps run in the graph-safe
+            # mode too): the mirrors follow the optimizer as loaded.
+            self._optim.forget()
             self._setup_refusal = self._optim.prepare()
 
     def _after_model_load(self, module: nn.Module, incompatible: Any) -> None:
