@@ -26,8 +26,10 @@ from .evaluation import CapturedEval, capture_eval
 from .findings import CATALOG, Code, Finding, Location
 from .monitor import NonFiniteMonitor, StepValues
 from .optim import graph_safe_optimizer
+from .parity import ParityCheck
 from .partial import PartialReport, graph_submodules, partial_report, ungraph_submodules
 from .recording import RecordingBackend
+from .safe_optimizers import GraphSafeOptimizers
 from .strategies import SelectionReport, StrategyName, TrainStep, TrialSettings, make_step
 
 __version__ = "0.1.0"
@@ -57,8 +59,10 @@ __all__ = [
     "Finding",
     "GraphBackend",
     "GraphSafeGradScaler",
+    "GraphSafeOptimizers",
     "Location",
     "NonFiniteMonitor",
+    "ParityCheck",
     "PartialReport",
     "PassThroughBackend",
     "RecordingBackend",

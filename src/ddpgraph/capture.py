@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import torch
@@ -39,10 +40,12 @@ from .inputs import check_supported, leaf_paths, stage_leaves
 from .integrations.accelerate import unwrap_optimizers
 from .options import DEFAULT_AGREE_EVERY, CaptureOptions
 from .param_guard import ParamLayout
+from .parity import ParityCheck, ParityRun
 from .probe import host_sync_probe
 from .probe_checks import ProbeWatch
 from .replay import OnFailure
 from .rng import generators_refusal, keep_states
+from .same_path import eager_code_paths
 from .snapshot import Restorable, TrainingSnapshot
 from .step_optimizers import StepOptimizers
 from .step_record import Captured, Report, StepState, StepStats, has_peers
@@ -167,7 +170,6 @@ class CapturedStep(FamilySteps[R]):
     def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         if self.stats.warmup_steps == 0:
             check_supported(args, kwargs)
-        self._optim.before_warmup_call()
         due = self._gate_open and self.stats.warmup_steps + 1 >= self._capture_after
         if due and self._probed:
             return self._capture_call(args, kwargs, leaves, spec)
@@ -246,6 +248,40 @@ class CapturedStep(FamilySteps[R]):
         self._optim.remember()
         self._layout = ParamLayout(self._model)
 
+    def _policy_running(self, phase: str) -> AbstractContextManager[Any]:
+        # The graph-safe mode is installed outside a CUDA capture (filling the mirrors
+        # must not be recorded) and inside a stand-in's recording, which its replays rerun.
+        stand_in = self._backend is not None and self._backend.executes_during_capture
+        stack = ExitStack()
+        if phase == "record" and not self._library_syncs:
+            # The probe step's code path had no host sync, so the recording may take it
+            # (`same_path`); one a library made there is left to that library's own
+            # capture-safe path, which is what lets its step be captured at all.
+            stack.enter_context(eager_code_paths())
+        active = phase == "eager" or (phase == "record") == stand_in
+        stack.enter_context(self._optim.running(read_back=self._state is not StepState.CAPTURED and phase == "eager", active=active))
+        return stack
+
+    def _policy_first_replay(self, record: Captured, leaves: list[Any], spec: Any) -> R:
+        """With `parity`, the capturing call's step runs once eagerly and once replayed
+        from the same state (`parity.ParityRun`); a difference on any rank is agreed on
+        and answered by `on_failure` on every rank, with the eager step's state put back."""
+        parity = self._options.parity_check
+        if parity is None:
+            return self._replay(record, leaves)
+        makers = [r.snapshot for r in self._restorables]
+        check = ParityRun(parity, self._model, self._optim.optimizers, self._generators, makers)
+        out = check.run(lambda: self._eager(leaves, spec), lambda: self._replay(record, leaves))
+        decision = self._decide(self._outcome([check.finding] if check.finding else []))
+        if decision.ok:
+            check.release()
+            return out
+        check.undo()
+        self._optim.forget()
+        self._give_up(self._summarise(decision))
+        self.stats.eager_steps += 1
+        return self._eager(leaves, spec)
+
     # ----------------------------------------------------------------- captured
     def _policy_check(
         self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
@@ -293,6 +329,7 @@ class CapturedStep(FamilySteps[R]):
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
+        self._optim.close()
 
     # ----------------------------------------------------------------- checkpoints
     def _install_load_hooks(self) -> None:
@@ -309,7 +346,10 @@ class CapturedStep(FamilySteps[R]):
             report = self._optim.after_load(optimizer)
             if report is not None:
                 self.report(report)
-        elif self._state is StepState.WARMUP and self._backend is not None:
+        elif self._backend is not None:
+            # Warming up, or eager after a fallback (whose steps run in the graph-safe
+            # mode too): the mirrors follow the optimizer as loaded.
+            self._optim.forget()
             self._setup_refusal = self._optim.prepare()
 
     def _after_model_load(self, module: nn.Module, incompatible: Any) -> None:
@@ -327,7 +367,8 @@ def capture_step(
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
     scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
-    on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ..., compile: Literal[False] = ...,
+    on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ...,
+    parity: ParityCheck | bool | None = ..., compile: Literal[False] = ...,
 ) -> CapturedStep[R]: ...
 @overload
 def capture_step(
@@ -336,7 +377,8 @@ def capture_step(
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
     scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
-    on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ..., compile: Literal[True],
+    on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ...,
+    parity: ParityCheck | bool | None = ..., compile: Literal[True],
 ) -> TrainStep[R]: ...
 @overload
 def capture_step(
@@ -345,7 +387,8 @@ def capture_step(
     clone_outputs: bool = ..., stream: torch.cuda.Stream | None = ..., pool: Any = ...,
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
     scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
-    on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ..., compile: bool,
+    on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ...,
+    parity: ParityCheck | bool | None = ..., compile: bool,
 ) -> CapturedStep[R] | TrainStep[R]: ...
 def capture_step(
     fn: Callable[..., R],
@@ -366,6 +409,7 @@ def capture_step(
     on_replay_timeout: str = "abort",
     max_graphs: int = 1,
     beyond_max_graphs: BeyondMaxGraphs = "evict",
+    parity: ParityCheck | bool | None = None,
     compile: bool = False,
 ) -> CapturedStep[R] | TrainStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
@@ -387,10 +431,12 @@ def capture_step(
             constant arguments; returns tensors.
         model: the model `fn` trains: a DDP model built with `prepare_ddp`, or a plain
             module for single-GPU training.
-        optimizer: the optimizer(s) `fn` steps. They are switched to graph-safe mode
-            (`graph_safe_optimizer`): capturable kernels, learning rate in a device tensor,
-            so `torch.optim.lr_scheduler` keeps working after capture. An optimizer with
-            no such mode is refused (OPTIMIZER_NOT_CAPTURABLE).
+        optimizer: the optimizer(s) `fn` steps. They stay as written: ddpgraph mirrors
+            their hyper-parameters into device tensors it fills before each replay, and
+            installs the graph-safe mode (capturable kernels, those tensors) only while it
+            runs or records the step, so `torch.optim.lr_scheduler` keeps working on floats
+            after capture (`GraphSafeOptimizers`). An optimizer with no such mode is
+            refused (OPTIMIZER_NOT_CAPTURABLE).
         warmup_steps: eager calls before capture; at least 1, and at least what DDP needs.
         on_failure: "eager" (default): if capture is refused or fails on any rank, all
             ranks run every later step eagerly, and `reason` says why; "raise": all ranks
@@ -428,6 +474,10 @@ def capture_step(
             it could start ("group", the default: the process group's timeout; None: not
             watched) is reported (REPLAY_TIMED_OUT), then by default ("abort") the process
             group is aborted and the process fails; "report" only logs. See `ddpgraph.watchdog`.
+        parity: `ddpgraph.ParityCheck(rtol=...)` (or True: bit-for-bit): on the call that
+            captures, run the step once eagerly and once replayed from the same saved state
+            and compare parameters and outputs on every rank; a difference beyond `rtol` on
+            any rank is a PARITY_MISMATCH finding, answered by `on_failure` on all ranks.
         compile: True compiles the model in place with torch.compile (inductor's default
             mode, no CUDA graphs of its own) and captures the whole step around it: the
             fastest path where fusion pays. Compiling finishes before capture, and a
@@ -462,7 +512,7 @@ def capture_step(
     options = CaptureOptions(
         warmup_steps, on_failure, on_input_change, clone_outputs, stream, pool, backend,
         generators=tuple(generators), scaler=scaler, max_graphs=max_graphs, beyond_max_graphs=beyond_max_graphs,
-        agree_every=DEFAULT_AGREE_EVERY if agree_every is None else agree_every,
+        agree_every=DEFAULT_AGREE_EVERY if agree_every is None else agree_every, parity=parity,
         replay_timeout=replay_timeout, on_replay_timeout=on_replay_timeout,
     )
     if compile is not False:

@@ -3,9 +3,12 @@
 A captured step keeps reading and writing the tensors it was recorded with. Saving
 therefore copies them: a checkpoint that only referenced them would change with the next
 replay. Loading writes into them: the model's and optimizer's `load_state_dict` copy into
-the captured storage (`capture_step` hooks them), the scaler fills its own tensors, the
-scheduler is host-side and fills the learning-rate tensor on its next `step()`, and the
-random number generators are set on the host, where the next replay reads their state.
+the captured storage (`capture_step` hooks them; a checkpoint of another structure is
+captured again), the scaler fills its own tensors, the scheduler is host-side and sets
+floats that ddpgraph fills into the graph's tensors before the next replay, and the random
+number generators are set on the host, where the next replay reads their state. Optimizer
+checkpoints are plain ones (floats, the user's flags, step counters on the CPU) whether
+saved during graphed training or not.
 Resuming in a new process is the same load before the step is captured.
 """
 
@@ -77,8 +80,8 @@ def load_training_state(
 ) -> None:
     """Load a `training_state` checkpoint into live objects, before or after capture.
 
-    Optimizers load before schedulers, so that a scheduler's next `step()` fills the
-    learning-rate tensor the step reads. The objects must be the ones the step uses: a
+    Optimizers load before schedulers, so that the scheduler's values are the ones the
+    next step reads. The objects must be the ones the step uses: a
     captured step keeps the storage of those it was recorded with.
     """
     module = model.module if isinstance(model, DDP) else model

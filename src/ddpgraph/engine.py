@@ -26,6 +26,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
@@ -170,10 +171,7 @@ class CaptureEngine(Generic[R]):
         return agree(outcome, self._group, self._device)
 
     def _outcome(self, findings: list[Finding], action: Action = Action.EAGER, forwards: int = 0, forwards_per_step: int = 0) -> Outcome:
-        return Outcome(
-            current_rank(), not findings, findings, forwards, forwards_per_step,
-            action=action if findings else Action.CONTINUE,
-        )
+        return Outcome(current_rank(), not findings, findings, forwards, forwards_per_step, action=action if findings else Action.CONTINUE)
 
     # ----------------------------------------------------------------- replays
     def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
@@ -220,9 +218,7 @@ class CaptureEngine(Generic[R]):
         self.stats.replays += 1
         return outputs
 
-    def _leave_graph(
-        self, decision: Decision, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
-    ) -> R:
+    def _leave_graph(self, decision: Decision, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         """The agreed answer to a report: capture again, run eagerly, or raise; the same
         on every rank, on this call."""
         self._pending = None
@@ -245,7 +241,7 @@ class CaptureEngine(Generic[R]):
         """Record the step on the static inputs, agree, then replay it at once (this
         call's step) or put everything back and continue eagerly, on every rank."""
         backend = self._backend
-        assert backend is not None
+        assert backend is not None, "a step without a backend never records"
         buffer_sync = ddp_tools.will_sync_buffers(self._model)
         static = StaticInputs(leaves, spec, self._device)
         after_stand_in, after_failure = self._policy_undo()
@@ -259,7 +255,7 @@ class CaptureEngine(Generic[R]):
         syncs: list[Any] = []
 
         def record() -> Any:
-            with host_sync_probe(enabled=isinstance(backend, CudaGraphBackend)) as probe:
+            with host_sync_probe(enabled=isinstance(backend, CudaGraphBackend)) as probe, self._policy_running("record"):
                 try:
                     return self._fn(*static_args, **static_kwargs)
                 finally:
@@ -269,7 +265,8 @@ class CaptureEngine(Generic[R]):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                graph = backend.capture(record, stream=self._stream, pool=self._options.pool, **extra)
+                with self._policy_running("capture"):
+                    graph = backend.capture(record, stream=self._stream, pool=self._options.pool, **extra)
                 problem = self._policy_recording_problem()
                 outcome = Outcome(current_rank(), problem is None, [problem] if problem else [], action=Action.EAGER)
             except CaptureError as err:
@@ -284,19 +281,16 @@ class CaptureEngine(Generic[R]):
             if backend.executes_during_capture:
                 after_stand_in()
             signature = Signature(leaves, spec, leaf_paths(args, kwargs))
-            self._record = Captured(
-                Recording(graph, static, signature, self._options.clone_outputs),
-                self._model.training,
-                bool(getattr(self._model, "require_forward_param_sync", True)),
-                buffer_sync,
-            )
+            recording: Recording[Any] = Recording(graph, static, signature, self._options.clone_outputs)
+            forward_sync = bool(getattr(self._model, "require_forward_param_sync", True))
+            self._record = Captured(recording, self._model.training, forward_sync, buffer_sync)
             self._policy_captured()
             self._state = StepState.CAPTURED
             self._since_decision = 0
             self.stats.captures += 1
             self.stats.capture_seconds = elapsed
             log.info("captured the step in %.3f s on rank %d", elapsed, current_rank())
-            return self._replay(self._record, leaves)
+            return self._policy_first_replay(self._record, leaves, spec)
         if graph is not None:
             graph.release()
         restore_forward_sync()
@@ -311,7 +305,8 @@ class CaptureEngine(Generic[R]):
 
     # ----------------------------------------------------------------- shared pieces
     def _eager(self, leaves: list[Any], spec: Any) -> R:
-        return run_eager_call(self._fn, leaves, spec, self._device, self._stream)
+        with self._policy_running("eager"):
+            return run_eager_call(self._fn, leaves, spec, self._device, self._stream)
 
     def _summarise(self, decision: Decision) -> Finding:
         self._findings = decision.findings
@@ -348,15 +343,11 @@ class CaptureEngine(Generic[R]):
     def _policy_captured(self) -> None:
         pass
 
-    def _policy_check(
-        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
-    ) -> Report | None:
+    def _policy_check(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
         """What the guards see before a replay that the ranks must agree on."""
         return None
 
-    def _policy_unserved(
-        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
-    ) -> bool:
+    def _policy_unserved(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
         """Whether this one call runs eagerly instead (a local choice: it pairs)."""
         return False
 
@@ -372,6 +363,15 @@ class CaptureEngine(Generic[R]):
     ) -> R:
         """The call on which some rank adds a graph (`family_capture`)."""
         raise NotImplementedError
+
+    def _policy_running(self, phase: str) -> AbstractContextManager[Any]:
+        """What is in place while the step runs: "eager" (each eager call), "record" (in
+        the recording, and so in a stand-in's replays) or "capture" (around the capture)."""
+        return nullcontext()
+
+    def _policy_first_replay(self, record: Captured, leaves: list[Any], spec: Any) -> R:
+        """The capturing call's step (a check of the graph may run it instead)."""
+        return self._replay(record, leaves)
 
     def _policy_recapture(self) -> None:
         pass

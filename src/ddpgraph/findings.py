@@ -47,6 +47,7 @@ class Code(str, enum.Enum):
     # Training.
     NON_FINITE_LOSS = "NON_FINITE_LOSS"
     REPLAY_TIMED_OUT = "REPLAY_TIMED_OUT"
+    PARITY_MISMATCH = "PARITY_MISMATCH"
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,16 @@ CATALOG: dict[Code, CodeInfo] = {
         "Look at the ranks that launched the fewest replays: they stopped calling "
         "the step (a data loader that hangs, an exception, a branch only some ranks take). "
         "If replays are legitimately this slow, raise `capture_step(replay_timeout=...)`.",
+    ),
+    Code.PARITY_MISMATCH: CodeInfo(
+        "The replayed step computes something else than the same step run eagerly",
+        "`capture_step(parity=...)` ran the step once eagerly and once replayed from the same "
+        "saved state; parameters or outputs differ by more than the stated tolerance, so the "
+        "graph records other kernels (an attention backend chosen differently while capturing, "
+        "a nondeterministic kernel) or misses an update.",
+        "Read the size in the message: a rounding-sized difference from a nondeterministic "
+        "kernel can be allowed with `ParityCheck(rtol=...)`; a large one means the graph is "
+        "wrong, so keep training eager (the default answer) and report it.",
     ),
 }
 

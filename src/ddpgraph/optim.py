@@ -7,28 +7,43 @@ ignored, silently. Two things make a torch optimizer safe to capture:
 * its step must not read anything on the host: `capturable=True` keeps the step
   counter on the device (Adam, AdamW, RMSprop, ...); SGD's fused kernel reads the
   learning rate from device memory;
-* every hyper-parameter a schedule changes must live in device memory: the learning
-  rate becomes a 0-dim float32 tensor on the parameters' device, which
-  `torch.optim.lr_scheduler` updates in place with `fill_`.
+* every hyper-parameter a schedule changes must live in device memory: each one the
+  installed PyTorch's graph-safe kernel reads from a tensor (`kernel_support`: the
+  learning rate, Adam's betas where supported, ...) is a 0-dim float32 device tensor.
 
-`HyperparamGuard` watches the rest: a hyper-parameter that is still a Python number and
-changes after capture is reported, never silently ignored.
+`capture_step` does this without touching the user's optimizer (`safe_optimizers`,
+`hyperparams`): it mirrors the hyper-parameters into tensors of its own and installs the
+graph-safe mode only while it runs the step. `graph_safe_optimizer` below converts an
+optimizer for good instead, for code that steps it outside `capture_step` (the
+`torch.compile` strategies). A hyper-parameter that must stay a Python number and
+changes after capture is reported (`baked_finding`), never silently ignored.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.optim import SGD, Optimizer
+from torch.optim import Optimizer
 
 from .errors import DdpGraphError
 from .findings import Code, Finding
+from .hyperparams import HyperparamChange
+from .kernel_support import capture_support, kernel_support
 
-# Keys of a param group that the optimizer's update does not read.
+# Keys of a param group that no optimizer update reads (the doctor ignores them too).
 NOT_HYPERPARAMETERS = frozenset({"params", "initial_lr", "param_names", "name"})
-TENSOR_HYPERPARAMETERS = ("lr",)
+
+__all__ = [
+    "NOT_HYPERPARAMETERS",
+    "HyperparamChange",
+    "baked_finding",
+    "capture_support",
+    "graph_safe_optimizer",
+    "not_capturable_finding",
+    "optimizer_params_device",
+    "refusal",
+]
 
 
 def optimizer_params_device(optimizer: Optimizer) -> torch.device | None:
@@ -38,70 +53,60 @@ def optimizer_params_device(optimizer: Optimizer) -> torch.device | None:
     return None
 
 
-def capture_support(optimizer: Optimizer) -> str | None:
-    """How `optimizer` can be made graph-safe: "capturable", "fused" (SGD), or None."""
-    if isinstance(optimizer, SGD):
-        return "fused"
-    if "capturable" in optimizer.defaults:
-        return "capturable"
+def refusal(optimizer: Optimizer, device: torch.device) -> Finding | None:
+    """Why `optimizer` has no graph-safe mode on `device`, or None."""
+    name = type(optimizer).__name__
+    if capture_support(optimizer) is None:
+        return not_capturable_finding(optimizer)
+    if device.type == "cuda" and any(g.get("differentiable", False) for g in optimizer.param_groups):
+        return Finding(
+            Code.OPTIMIZER_NOT_CAPTURABLE,
+            f"{name} has `differentiable=True`, which has no capturable kernel",
+            "construct the optimizer with `differentiable=False` (the default)",
+            subject=f"`{name}`",
+        )
     return None
 
 
 def graph_safe_optimizer(optimizer: Optimizer, *, tensor_lr_on_cpu: bool = False) -> Optimizer:
-    """Switch `optimizer` in place to a mode whose `step()` can be captured, and return it.
+    """Switch `optimizer` in place, for good, to a mode whose `step()` can be captured,
+    and return it.
 
-    Sets `capturable=True` (or, for SGD, the fused kernel), moves existing step counters
-    to the device, and holds each param group's learning rate in a device tensor, so a
-    `torch.optim.lr_scheduler` scheduler keeps changing it after capture. Idempotent:
-    call it again after `load_state_dict`.
+    Sets the graph-safe flags (`capturable=True`, or for SGD the fused kernel), moves
+    existing step counters to the device, and holds every hyper-parameter that the
+    installed PyTorch's graph-safe kernel reads from a tensor in a 0-dim float32 device
+    tensor, so a `torch.optim.lr_scheduler` scheduler keeps changing it after capture
+    (its arithmetic is then float32). Idempotent: call it again after `load_state_dict`.
+    `capture_step` does not need it: it leaves the optimizer as written.
 
-    Do this before the first step you compare against: the capturable and fused kernels
-    round differently from the default ones, so compare graphed training with eager
-    training of the same graph-safe optimizer.
-
-    On CPU parameters nothing else is changed, as there is no graph to capture, unless
-    `tensor_lr_on_cpu` is set: then only the learning rate moves into a (CPU) tensor, which
+    On CPU parameters nothing is changed, as there is no graph to capture, unless
+    `tensor_lr_on_cpu` is set: then the learning rate moves into a (CPU) tensor, which
     is what the stand-in backend uses to behave like a CUDA graph.
     Raises `DdpGraphError` (OPTIMIZER_NOT_CAPTURABLE) for an optimizer with no graph-safe
     mode, before changing anything.
     """
-    support = capture_support(optimizer)
-    if support is None:
-        raise DdpGraphError(not_capturable_finding(optimizer))
     device = optimizer_params_device(optimizer)
-    if device is None:
+    finding = refusal(optimizer, device or torch.device("cpu"))
+    if finding is not None:
+        raise DdpGraphError(finding)
+    if device is None or (device.type != "cuda" and not tensor_lr_on_cpu):
         return optimizer
-    if device.type != "cuda":
-        if tensor_lr_on_cpu:
-            _tensor_hyperparameters(optimizer, device)
-        return optimizer
-    for group in optimizer.param_groups:
-        if group.get("differentiable", False):
-            raise DdpGraphError(
-                Finding(
-                    Code.OPTIMIZER_NOT_CAPTURABLE,
-                    f"{type(optimizer).__name__} has `differentiable=True`, which has no "
-                    "capturable kernel",
-                    "construct the optimizer with `differentiable=False` (the default)",
-                    subject=f"`{type(optimizer).__name__}`",
-                )
-            )
-    if support == "fused":
-        _use_fused_sgd(optimizer)
-    else:
-        optimizer.defaults["capturable"] = True
-        for group in optimizer.param_groups:
-            group["capturable"] = True
-        _steps_to_device(optimizer)
-    _tensor_hyperparameters(optimizer, device)
+    from .optim_state import scalars_to_device
+
+    supports = [kernel_support(optimizer, group) for group in optimizer.param_groups]
+    for group, support in zip(optimizer.param_groups, supports, strict=True):
+        flags = dict(support.flags)
+        group.update(flags)
+        optimizer.defaults.update(flags)
+        for key in support.tensor_keys:
+            group[key] = _as_device_scalars(group[key], device)
+    if any("fused" in dict(s.flags) for s in supports):
+        # What SGD.__init__ sets when built with fused=True.
+        optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
+        optimizer._need_device_dtype_check_for_fused = True  # type: ignore[attr-defined]
+    if device.type == "cuda":
+        scalars_to_device(optimizer)
     return optimizer
-
-
-def _tensor_hyperparameters(optimizer: Optimizer, device: torch.device) -> None:
-    for group in optimizer.param_groups:
-        for key in TENSOR_HYPERPARAMETERS:
-            if key in group:
-                group[key] = _as_device_scalar(group[key], device)
 
 
 def not_capturable_finding(optimizer: Optimizer) -> Finding:
@@ -115,137 +120,14 @@ def not_capturable_finding(optimizer: Optimizer) -> Finding:
     )
 
 
-def _use_fused_sgd(optimizer: Optimizer) -> None:
-    # The foreach and single-tensor SGD paths turn a tensor lr into a Python number
-    # (`alpha=-lr`), a host sync; the fused kernel takes the lr tensor as is.
-    optimizer.defaults["fused"] = True
-    optimizer.defaults["foreach"] = False
-    for group in optimizer.param_groups:
-        group["fused"] = True
-        group["foreach"] = False
-    # What SGD.__init__ sets when built with fused=True.
-    optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
-    optimizer._need_device_dtype_check_for_fused = True  # type: ignore[attr-defined]
-
-
-def _steps_to_device(optimizer: Optimizer) -> None:
-    # Capturable kernels read the step count on the device of its parameter.
-    for param, state in optimizer.state.items():
-        step = state.get("step")
-        if step is None or not isinstance(param, torch.Tensor):
-            continue
-        device = param.device
-        if not isinstance(step, torch.Tensor):
-            state["step"] = torch.tensor(float(step), dtype=torch.float32, device=device)
-        elif step.device != device:
-            state["step"] = step.to(device=device, dtype=torch.float32)
-
-
-def _as_device_scalar(value: Any, device: torch.device) -> torch.Tensor:
+def _as_device_scalars(value: Any, device: torch.device) -> Any:
+    if isinstance(value, (tuple, list)):
+        return tuple(_as_device_scalars(v, device) for v in value)
     if isinstance(value, torch.Tensor):
         if value.device == device and value.dtype == torch.float32 and value.dim() == 0:
             return value
         return value.detach().to(device=device, dtype=torch.float32).reshape(())
     return torch.tensor(float(value), dtype=torch.float32, device=device)
-
-
-class TensorHyperparams:
-    """Keeps each param group's tensor learning rate in place through reassignments.
-
-    Hand-written schedules assign numbers (`group["lr"] = lr`) every step, before capture
-    as well as after. Writing the number into the existing tensor and putting the tensor
-    back means the graph is recorded with, and later reads, that one tensor.
-    """
-
-    def __init__(self, optimizer: Optimizer) -> None:
-        self.optimizer = optimizer
-        self.tensors = self._current()
-
-    def _current(self) -> list[dict[str, torch.Tensor]]:
-        return [
-            {k: g[k] for k in TENSOR_HYPERPARAMETERS if isinstance(g.get(k), torch.Tensor)}
-            for g in self.optimizer.param_groups
-        ]
-
-    def restore(self) -> None:
-        groups = self.optimizer.param_groups
-        if len(groups) != len(self.tensors):
-            self.tensors = self._current()
-            return
-        for group, kept in zip(groups, self.tensors, strict=True):
-            for key, tensor in kept.items():
-                value = group.get(key)
-                if value is tensor:
-                    continue
-                if isinstance(value, torch.Tensor):
-                    kept[key] = value  # a new tensor, e.g. from load_state_dict: adopt it
-                elif _write_into(tensor, value):
-                    group[key] = tensor
-
-
-@dataclass(frozen=True)
-class HyperparamChange:
-    group: int
-    key: str
-    before: Any
-    after: Any
-    applied: bool  # written into the captured tensor; replays follow it
-
-
-class HyperparamGuard:
-    """Remembers an optimizer's hyper-parameters at capture and checks them before replays.
-
-    A hyper-parameter held in a tensor at capture may be reassigned (`group["lr"] = 0.1`,
-    as hand-written schedules do): its new value is written into the captured tensor and
-    the tensor put back, so replays follow it. A Python-number hyper-parameter that
-    changes cannot reach the graph: `check` reports it.
-    """
-
-    def __init__(self, optimizer: Optimizer) -> None:
-        self.optimizer = optimizer
-        self.groups = [
-            {k: v for k, v in g.items() if k not in NOT_HYPERPARAMETERS}
-            for g in optimizer.param_groups
-        ]
-
-    def check(self) -> list[HyperparamChange]:
-        groups = self.optimizer.param_groups
-        if len(groups) != len(self.groups):
-            return [HyperparamChange(-1, "param_groups", len(self.groups), len(groups), False)]
-        changes: list[HyperparamChange] = []
-        for i, (group, captured) in enumerate(zip(groups, self.groups, strict=True)):
-            for key, before in captured.items():
-                after = group.get(key)
-                if after is before:
-                    continue
-                if isinstance(before, torch.Tensor):
-                    applied = _write_into(before, after)
-                    if applied:
-                        group[key] = before
-                    changes.append(HyperparamChange(i, key, before, after, applied))
-                elif not _same_value(before, after):
-                    changes.append(HyperparamChange(i, key, before, after, False))
-        return changes
-
-
-def _write_into(target: torch.Tensor, value: Any) -> bool:
-    with torch.no_grad():
-        if isinstance(value, torch.Tensor) and value.numel() == target.numel():
-            target.copy_(value.reshape(target.shape))
-            return True
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            target.fill_(value)
-            return True
-    return False
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return a is b
-    try:
-        return bool(a == b)
-    except Exception:
-        return a is b
 
 
 def baked_finding(changes: list[HyperparamChange], optimizer: Optimizer) -> Finding:
@@ -264,7 +146,8 @@ def baked_finding(changes: list[HyperparamChange], optimizer: Optimizer) -> Find
     return Finding(
         Code.LR_BAKED_INTO_GRAPH,
         happened,
-        "ddpgraph holds only the learning rate in a tensor; a schedule that changes "
-        f"`{change.key}` needs eager steps, which ddpgraph now runs",
+        f"this PyTorch's graph-safe {name} reads `{change.key}` only as a Python number "
+        "(ddpgraph mirrors into device tensors the hyper-parameters its kernels accept "
+        "as tensors); a schedule that changes it needs eager steps, which ddpgraph now runs",
         subject="`optimizer.param_groups`",
     )

@@ -20,6 +20,7 @@ from .backends import GraphBackend
 from .errors import DdpGraphUsageError, usage_error
 from .family import BeyondMaxGraphs, check_family
 from .findings import Code, Finding
+from .parity import ParityCheck, as_parity_check
 from .replay import OnFailure, check_policies
 from .watchdog import check_options as check_watchdog_options
 
@@ -27,6 +28,7 @@ from .watchdog import check_options as check_watchdog_options
 DEFAULT_AGREE_EVERY = 100
 _EXTRA_KEYS = (
     "generators", "scaler", "agree_every", "replay_timeout", "on_replay_timeout", "max_graphs", "beyond_max_graphs",
+    "parity",
 )
 
 
@@ -51,6 +53,7 @@ class CaptureOptions:
     on_replay_timeout: Any = "abort"
     max_graphs: int = 1  # graphs held for different input signatures (`family`)
     beyond_max_graphs: BeyondMaxGraphs = "evict"
+    parity: Any = None  # a `parity.ParityCheck`, True or None
 
     def resolved(self, api: str = "capture_step") -> CaptureOptions:
         """`extra` moved into the named fields; an unknown key is a usage error."""
@@ -81,6 +84,7 @@ class CaptureOptions:
             "on_replay_timeout": self.on_replay_timeout,
             "max_graphs": self.max_graphs,
             "beyond_max_graphs": self.beyond_max_graphs,
+            "parity": self.parity,
             **self.extra,
         }
         out.update(override)
@@ -109,9 +113,14 @@ class CaptureOptions:
         check_family(api, self.max_graphs, self.beyond_max_graphs, self.on_input_change)
         self._check_scaler(api)
         check_watchdog_options(self.replay_timeout, self.on_replay_timeout)
+        as_parity_check(self.parity)
         every = self.agree_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise usage_error(f"`{api}(agree_every=...)`", f"expected an int >= 1, got {every!r}", f"leave it out for the default ({DEFAULT_AGREE_EVERY})")
+
+    @property
+    def parity_check(self) -> ParityCheck | None:
+        return as_parity_check(self.parity)
 
     def _check_backend(self, api: str) -> None:
         b = self.backend

@@ -1,21 +1,25 @@
 """The optimizers a captured step steps, as the capture engine sees them.
 
-One object per step, asked to prepare the optimizers for capture, to keep their tensor
-hyper-parameters in place during warm-up, to say what the probe step changed, to
-remember what was captured, and to report before each replay what changed since. How
-an optimizer is made graph-safe lives in `optim`; this is the only place the engine
-reaches it through, so that implementation can change behind these methods.
+One object per step, built on `safe_optimizers.GraphSafeOptimizers`: the user's
+optimizers stay as written (Python floats, their own flags) between calls, and are put
+in graph-safe mode only while ddpgraph runs the step (`running`: every eager call, and
+the recording). The engine reaches the optimizers only through these methods: prepare
+them, say what the probe step changed, remember what was captured, report before each
+replay what the graph cannot follow, copy a loaded checkpoint in, give them back.
 
-Reported (before the next replay): a Python hyper-parameter changed (the guard writes a
-reassigned tensor one into the captured tensor instead: replays follow it), a param
-group added or removed, `optimizer.state` replaced or entries added or removed, and a
-`load_state_dict` whose state cannot be copied into the captured tensors. Not seen: a
-single state tensor replaced by hand inside an entry (`state[p]["exp_avg"] = t`).
+Reported (before the next replay, as a `Report` the ranks agree on): a hyper-parameter
+the graph holds as a Python number changed (LR_BAKED_INTO_GRAPH, eager steps; the
+mirrored ones are filled into the graph's tensors instead), a param group added or
+removed (captured again), `optimizer.state` replaced or entries added or removed, and a
+`load_state_dict` whose state cannot be copied into the captured tensors
+(OPTIMIZER_STATE_REPLACED, captured again). Not seen: a single state tensor replaced by
+hand inside an entry (`state[p]["exp_avg"] = t`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,57 +27,51 @@ import torch
 from torch.optim import Optimizer
 
 from .agreement import Action
-from .errors import DdpGraphError
 from .findings import Code, Finding
-from .optim import (
-    HyperparamGuard,
-    TensorHyperparams,
-    baked_finding,
-    capture_support,
-    graph_safe_optimizer,
-    not_capturable_finding,
-)
+from .safe_optimizers import GraphSafeOptimizers
 from .step_record import Report
 
 
 @dataclass(frozen=True)
 class OptimizerRecord:
-    """One optimizer as captured: its guard, its state entries and their container."""
+    """One optimizer as captured: its state container, entries and param groups."""
 
-    guard: HyperparamGuard
-    state: dict[Any, dict[str, Any]]
     container: Any
+    entries: int
     groups: int
 
 
 class StepOptimizers:
     def __init__(self, optimizers: Sequence[Optimizer], device: torch.device) -> None:
         self.optimizers = list(optimizers)
-        self._cpu_lr = device.type == "cpu"
-        self._tensor_lrs: list[TensorHyperparams] = []
+        self._device = device
+        self._safe = GraphSafeOptimizers(self.optimizers, device)
+        self._prepared = False
         self.records: list[OptimizerRecord] = []
 
     def refusal(self) -> Finding | None:
         """Why one of them has no graph-safe mode, found without changing any."""
-        for opt in self.optimizers:
-            if capture_support(opt) is None:
-                return not_capturable_finding(opt)
-        return None
+        return self._safe.refusal()
 
     def prepare(self) -> Finding | None:
-        """Make every optimizer graph-safe (idempotent: again after a load or when a
-        param group was added); the refusal of the first that cannot be."""
-        for opt in self.optimizers:
-            try:
-                graph_safe_optimizer(opt, tensor_lr_on_cpu=self._cpu_lr)
-            except DdpGraphError as err:
-                return err.finding
-        self._tensor_lrs = [TensorHyperparams(opt) for opt in self.optimizers]
+        """Mirror the hyper-parameters (the optimizers themselves stay as written). Again
+        before a capture or after a load while warming up: the mirrors follow the
+        optimizers as they are now (param groups added, a checkpoint loaded)."""
+        if not self._prepared:
+            finding = self._safe.prepare()
+            self._prepared = finding is None
+            return finding
+        if not self.records:
+            for opt in self.optimizers:
+                self._safe.after_load(opt)
         return None
 
-    def before_warmup_call(self) -> None:
-        for kept in self._tensor_lrs:
-            kept.restore()
+    @contextmanager
+    def running(self, *, read_back: bool, active: bool = True) -> Iterator[None]:
+        """The graph-safe mode around one run of the step (an eager call, or the
+        recording); `read_back` keeps what the step wrote into a mirrored value."""
+        with self._safe.installed(read_back=read_back, active=active):
+            yield
 
     def hyperparameters(self) -> list[list[dict[str, Any]]]:
         return [_hyperparameter_values(opt) for opt in self.optimizers]
@@ -82,39 +80,39 @@ class StepOptimizers:
         return _hyperparameter_changes(self.optimizers, before)
 
     def remember(self) -> None:
-        self.records = [
-            OptimizerRecord(
-                HyperparamGuard(opt),
-                {p: dict(s) for p, s in opt.state.items()},
-                opt.state,
-                len(opt.param_groups),
-            )
-            for opt in self.optimizers
-        ]
+        self._safe.captured()
+        self.records = [OptimizerRecord(opt.state, len(opt.state), len(opt.param_groups)) for opt in self.optimizers]
 
     def forget(self) -> None:
+        self._safe.released()
         self.records = []
 
     def check(self, on_failure: str) -> Report | None:
-        """Before a replay: a change the graph cannot follow, as a report."""
+        """Before a replay: fill the changed mirrored values; a change the graph cannot
+        follow, as a report."""
         for opt, rec in zip(self.optimizers, self.records, strict=True):
-            if opt.state is not rec.container or len(opt.state) != len(rec.state):
+            if opt.state is not rec.container or len(opt.state) != rec.entries:
                 return _replaced(opt, "its `state` was replaced or entries were added or removed by hand")
-            changes = rec.guard.check()
-            if any(not c.applied for c in changes):
-                action = Action.RECAPTURE if len(opt.param_groups) != rec.groups else Action.EAGER
-                return Report(baked_finding(changes, opt), action)
-        return None
+        baked = self._safe.before_replay()
+        if baked is None:
+            return None
+        regrouped = any(len(o.param_groups) != r.groups for o, r in zip(self.optimizers, self.records, strict=True))
+        return Report(baked, Action.RECAPTURE if regrouped else Action.EAGER)
 
     def after_load(self, optimizer: Optimizer) -> Report | None:
         """Called by the load hook while captured: copy the loaded values into the
         captured tensors, or report that they cannot be."""
         index = next(i for i, o in enumerate(self.optimizers) if o is optimizer)
-        rec = self.records[index]
-        if _copy_into_captured(optimizer, rec.state, rec.guard):
-            self.records[index] = OptimizerRecord(rec.guard, rec.state, optimizer.state, rec.groups)
+        if self._safe.after_load(optimizer):
+            rec = self.records[index]
+            self.records[index] = OptimizerRecord(optimizer.state, len(optimizer.state), rec.groups)
             return None
         return _replaced(optimizer, "`load_state_dict` loaded state with another structure than the captured one")
+
+    def close(self) -> None:
+        """Give the optimizers back exactly as given."""
+        self._safe.close()
+        self.records = []
 
 
 def _replaced(optimizer: Optimizer, why: str) -> Report:
@@ -126,42 +124,6 @@ def _replaced(optimizer: Optimizer, why: str) -> Report:
         ),
         Action.RECAPTURE,
     )
-
-
-def _copy_into_captured(optimizer: Optimizer, captured: dict[Any, dict[str, Any]], guard: HyperparamGuard) -> bool:
-    for p, state in optimizer.state.items():
-        old = captured.get(p)
-        if old is None or set(old) != set(state):
-            return False
-        for key, value in state.items():
-            target = old[key]
-            if isinstance(target, torch.Tensor):
-                if not isinstance(value, torch.Tensor) or value.numel() != target.numel():
-                    if isinstance(value, (int, float)) and target.numel() == 1:
-                        target.fill_(value)
-                        continue
-                    return False
-                with torch.no_grad():
-                    target.copy_(value.reshape(target.shape))
-            elif value != target:
-                return False
-    if set(captured) != set(optimizer.state):
-        return False
-    for p, old in captured.items():
-        optimizer.state[p] = dict(old)
-    # Hyper-parameters: loaded values go into the captured tensors; Python values that
-    # differ are reported by the guard before the next replay.
-    for group, captured_group in zip(optimizer.param_groups, guard.groups, strict=False):
-        for key, value in captured_group.items():
-            if isinstance(value, torch.Tensor) and group.get(key) is not value:
-                new = group.get(key)
-                with torch.no_grad():
-                    if isinstance(new, torch.Tensor):
-                        value.copy_(new.reshape(value.shape))
-                    elif isinstance(new, (int, float)):
-                        value.fill_(new)
-                group[key] = value
-    return True
 
 
 def _hyperparameter_values(optimizer: Optimizer) -> list[dict[str, Any]]:

@@ -59,6 +59,8 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     # Called inside the step between `backward` and `optimizer.step()`.
     inside: Callable[[], None] | None = None
+    # The graph-safe mode `capture_step` runs its eager steps in (`graph_safe=True`).
+    safe: ddpgraph.GraphSafeOptimizers | None = None
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -84,7 +86,7 @@ class Run:
     ) -> Trace:
         """Train on `batches` with `call` (default: the eager step), stepping the schedule
         after each call; `before(i)` runs before call i (0-based)."""
-        call = call or self.step
+        call = call or self.eager_step
         trace = Trace()
         torch.manual_seed(1)  # the same dropout masks for every run
         for i, (x, y) in enumerate(batches):
@@ -95,6 +97,12 @@ class Run:
             trace.states.append(state.value if state is not None else "plain")
             self.scheduler.step()
         return trace
+
+    def eager_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.safe is None:
+            return self.step(x, y)
+        with self.safe.installed():
+            return self.step(x, y)
 
     def params(self) -> list[torch.Tensor]:
         return [p.detach().clone() for p in self.model.parameters()]
@@ -129,8 +137,9 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
     """Build a `Run`: DDP on the one-process gloo group unless `ddp=False`, with DDP's
     keyword arguments `ddp_kw`.
 
-    `graph_safe=True` switches the optimizer as `capture_step` does, so the run is the
-    eager reference of a captured one.
+    `graph_safe=True` runs every step in the graph-safe mode `capture_step` runs its
+    eager steps in, so the run is the eager reference of a captured one. `converted=True`
+    converts the optimizer for good (`graph_safe_optimizer`), as the strategies do.
     """
 
     def build(
@@ -139,6 +148,7 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
         ddp_kw: dict[str, Any] | None = None,
         optimizer: type[torch.optim.Optimizer] = torch.optim.AdamW,
         graph_safe: bool = False,
+        converted: bool = False,
         schedule: Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
         | None = None,
         **opt_kw: Any,
@@ -152,8 +162,12 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
             if schedule is not None
             else torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))
         )
-        if graph_safe:
+        run = Run(model, opt, sched)
+        if converted:
             ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
-        return Run(model, opt, sched)
+        if graph_safe:
+            run.safe = ddpgraph.GraphSafeOptimizers([opt], ddpgraph.ddp.model_device(model))
+            assert run.safe.prepare() is None
+        return run
 
     return build

@@ -71,7 +71,7 @@ def test_captured_training_equals_eager_bit_for_bit(make_run, batches, same, sch
     assert same(run.params(), ref.params())
     assert same(run.buffers(), ref.buffers())  # batch-norm statistics: no step doubled
     lr_ref, lr = ref.optimizer.param_groups[0]["lr"], run.optimizer.param_groups[0]["lr"]
-    assert torch.equal(lr, lr_ref)
+    assert lr == lr_ref  # floats, computed by the same schedule
     for p_ref, p in zip(
         ref.optimizer.param_groups[0]["params"],
         run.optimizer.param_groups[0]["params"],

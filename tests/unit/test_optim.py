@@ -1,4 +1,4 @@
-"""Graph-safe optimizers: refusals, the learning rate in a tensor, and the hyper-parameter guard."""
+"""`graph_safe_optimizer` (the conversion for good): refusals, the learning rate in a tensor; the LR_BAKED finding."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from torch.optim import Optimizer
 
 from ddpgraph import Code, DdpGraphError, graph_safe_optimizer
-from ddpgraph.optim import HyperparamChange, HyperparamGuard, baked_finding, capture_support
+from ddpgraph.optim import HyperparamChange, baked_finding, capture_support
 
 
 def _params() -> list[torch.nn.Parameter]:
@@ -114,80 +114,8 @@ def test_scheduler_changes_the_tensor_lr_in_place(
     assert seen == pytest.approx(expected)
 
 
-def _guarded(
-    cls: type[Optimizer] = torch.optim.AdamW, **kw: Any
-) -> tuple[Optimizer, HyperparamGuard]:
-    opt = cls(_params(), **kw)
-    graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
-    return opt, HyperparamGuard(opt)
-
-
-def test_guard_sees_nothing_without_changes() -> None:
-    _opt, guard = _guarded(lr=0.1)
-    assert guard.check() == []
-
-
-def test_guard_writes_an_assigned_float_lr_into_the_captured_tensor() -> None:
-    opt, guard = _guarded(lr=0.1)
-    captured = opt.param_groups[0]["lr"]
-    opt.param_groups[0]["lr"] = 0.05  # a hand-written schedule
-    changes = guard.check()
-    assert changes == [HyperparamChange(0, "lr", captured, 0.05, True)]
-    assert opt.param_groups[0]["lr"] is captured
-    assert captured.item() == pytest.approx(0.05)
-    assert guard.check() == []  # settled
-
-
-def test_guard_copies_an_assigned_tensor_lr() -> None:
-    opt, guard = _guarded(lr=0.1)
-    captured = opt.param_groups[0]["lr"]
-    opt.param_groups[0]["lr"] = torch.tensor([0.02], dtype=torch.float64)
-    [change] = guard.check()
-    assert change.applied and opt.param_groups[0]["lr"] is captured
-    assert captured.item() == pytest.approx(0.02)
-
-
-def test_guard_reports_a_lr_it_cannot_write() -> None:
-    opt, guard = _guarded(lr=0.1)
-    opt.param_groups[0]["lr"] = torch.tensor([0.1, 0.2])
-    [change] = guard.check()
-    assert change.key == "lr" and not change.applied
-
-
-def test_guard_reports_python_momentum_changed_by_one_cycle() -> None:
-    opt = torch.optim.SGD(_params(), lr=0.1, momentum=0.9)
-    graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=0.5, total_steps=20, cycle_momentum=True
-    )
-    guard = HyperparamGuard(opt)
-    before = opt.param_groups[0]["momentum"]
-    _step(opt)
-    sched.step()
-    changes = guard.check()
-    assert [(c.group, c.key, c.applied) for c in changes] == [(0, "momentum", False)]
-    assert changes[0].before == before and changes[0].after == opt.param_groups[0]["momentum"]
-    assert changes[0].after != before
-
-
-def test_guard_reports_weight_decay_and_param_group_count() -> None:
-    opt, guard = _guarded(lr=0.1, weight_decay=0.0)
-    opt.param_groups[0]["weight_decay"] = 0.1
-    assert [(c.key, c.before, c.after, c.applied) for c in guard.check()] == [
-        ("weight_decay", 0.0, 0.1, False)
-    ]
-    opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
-    [change] = guard.check()
-    assert (change.key, change.before, change.after, change.applied) == (
-        "param_groups",
-        1,
-        2,
-        False,
-    )
-
-
 def test_baked_finding_names_the_optimizer_key_and_values() -> None:
-    opt, _ = _guarded(torch.optim.SGD, lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(_params(), lr=0.1, momentum=0.9)
     changes = [
         HyperparamChange(0, "lr", torch.tensor(0.1), 0.2, True),
         HyperparamChange(0, "momentum", 0.9, 0.5, False),
@@ -204,6 +132,6 @@ def test_baked_finding_names_the_optimizer_key_and_values() -> None:
 
 
 def test_baked_finding_for_added_param_groups() -> None:
-    opt, _ = _guarded(lr=0.1)
+    opt = torch.optim.AdamW(_params(), lr=0.1)
     finding = baked_finding([HyperparamChange(-1, "param_groups", 1, 2, False)], opt)
     assert finding.happened == "AdamW had 1 param group(s) at capture and has 2 now"

@@ -82,9 +82,9 @@ def _auto(run: Any, candidates: list[Candidate], clock: Clock, **kw: Any) -> Aut
 
 def test_fastest_correct_wins_and_training_equals_the_winner_from_the_start(make_run, batches, same) -> None:
     data = batches(20)
-    ref = make_run(graph_safe=True)
+    ref = make_run(converted=True)
     ref_trace = ref.train(data)
-    run = make_run(graph_safe=True)
+    run = make_run(converted=True)
     clock = Clock()
     slow = Candidate("partial", lambda: Scripted(EagerStep(run.step, model=run.model, options=CaptureOptions()), clock, 8.0))
     step = _auto(run, [_whole(run, clock, 3.0), _eager(run, clock, 10.0), slow], clock)
@@ -109,7 +109,7 @@ def test_fastest_correct_wins_and_training_equals_the_winner_from_the_start(make
 
 
 def test_a_candidate_that_trains_differently_is_rejected(make_run, batches) -> None:
-    run = make_run(graph_safe=True)
+    run = make_run(converted=True)
     clock = Clock()
 
     def nudge() -> None:
@@ -134,9 +134,9 @@ def test_a_candidate_that_trains_differently_is_rejected(make_run, batches) -> N
 
 def test_a_candidate_that_fails_is_reported_and_training_goes_on(make_run, batches, same) -> None:
     data = batches(14)
-    ref = make_run(graph_safe=True)
+    ref = make_run(converted=True)
     ref.train(data)
-    run = make_run(graph_safe=True)
+    run = make_run(converted=True)
     clock = Clock()
 
     def broken() -> Any:
@@ -164,7 +164,7 @@ def test_a_candidate_that_fails_is_reported_and_training_goes_on(make_run, batch
 
 
 def test_the_budget_skips_the_remaining_candidates(make_run, batches) -> None:
-    run = make_run(graph_safe=True)
+    run = make_run(converted=True)
     clock = Clock()
     step = _auto(run, [_eager(run, clock, 1000.0), _whole(run, clock, 3.0)], clock, budget_s=5.0)
     run.train(batches(2), step)
@@ -178,7 +178,7 @@ def test_the_budget_skips_the_remaining_candidates(make_run, batches) -> None:
 
 
 def test_trials_leave_the_training_state_as_they_found_it(make_run, batches, same) -> None:
-    run = make_run(graph_safe=True)
+    run = make_run(converted=True)
     data = batches(3)
     run.train(data[:2])  # optimizer state, gradients and batch-norm statistics exist
     clock = Clock()
@@ -260,7 +260,7 @@ def test_make_step_auto_on_cpu_tries_only_what_applies(make_run, batches) -> Non
 
 def test_make_step_auto_with_a_stand_in_backend(make_run, batches, same) -> None:
     data = batches(16)
-    ref = make_run(graph_safe=True)
+    ref = make_run(converted=True)
     ref_trace = ref.train(data)
     run = make_run()
     step = make_step(

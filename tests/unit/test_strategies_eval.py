@@ -21,7 +21,7 @@ def _predict(run: Any) -> Any:
 
 def test_evaluation_between_captured_training_steps(make_run, batches, same) -> None:
     data = batches(16)
-    ref = make_run(graph_safe=True)
+    ref = make_run(converted=True)
     ref_preds = []
 
     def ref_eval(i: int) -> None:
