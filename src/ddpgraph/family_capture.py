@@ -78,7 +78,8 @@ def add_graph_call(
         static_args, static_kwargs = static.call_args()
 
         def record() -> Any:
-            result = step._fn(*static_args, **static_kwargs)
+            with step._policy_running("record"):
+                result = step._fn(*static_args, **static_kwargs)
             out.append(result)  # with a backend that runs it, this is the call's step
             return result
 
@@ -86,7 +87,8 @@ def add_graph_call(
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                graph = backend.capture(record, stream=step._stream, pool=step._family.pool, **extra)
+                with step._policy_running("capture"):
+                    graph = backend.capture(record, stream=step._stream, pool=step._family.pool, **extra)
             except CaptureError as err:
                 finding = finding_from_capture_error(err, [str(w.message) for w in caught])
                 stuck = not ddp_tools.reducer_finalized(step._model)
