@@ -52,6 +52,9 @@ class _Slot:
         values = list(value) if self.is_tuple else [value]
         self.tensors: list[torch.Tensor] = []
         self.filled: list[Any] = []
+        # Each tensor's version counter when last written here: an in-place write by
+        # anything else bumps it, which is how `read_back` knows, without a host read.
+        self.versions: list[int] = []
         for v in values:
             if isinstance(v, torch.Tensor) and _usable(v, device):
                 self.tensors.append(v)  # the user's own device tensor: the graph reads it
@@ -61,6 +64,7 @@ class _Slot:
                 self.filled.append(_MISSING)
         # One object, so that an identity check tells it from a value assigned meanwhile.
         self.packed: Any = tuple(self.tensors) if self.is_tuple else self.tensors[0]
+        self.versions = [-1] * len(self.tensors)
         self.sync(value)
 
     def sync(self, value: Any) -> bool:
@@ -85,14 +89,19 @@ class _Slot:
                 elif self.filled[i] is _MISSING or v != self.filled[i]:
                     target.fill_(v)
                     self.filled[i] = v
+                self.versions[i] = target._version
         return True
 
     def read_back(self, given: Any) -> Any:
-        """`given` again, or the values an eager step wrote into the tensors (a scheduler
-        stepped inside the step function): read on the host, a synchronisation."""
+        """`given` again, or the values an eager step wrote into the tensors in place:
+        read on the host (a synchronisation) only for a tensor something else wrote into
+        since it was filled, which its version counter tells; never on the usual path."""
         values = list(given) if self.is_tuple else [given]
         changed = False
         for i, (t, v) in enumerate(zip(self.tensors, values, strict=True)):
+            if t._version == self.versions[i]:
+                continue
+            self.versions[i] = t._version
             if is_number(v) and t.item() != torch.tensor(float(v), dtype=t.dtype).item():
                 values[i] = t.item()
                 self.filled[i] = values[i]
