@@ -242,6 +242,14 @@ class CapturedStep(FamilySteps[R]):
         self._optim.remember()
         self._layout = ParamLayout(self._model)
 
+    def _policy_explain(self, finding: Finding) -> Finding:
+        # A capture that failed with no cause of its own, after a library synchronised in
+        # the probe step: that synchronisation is the evidence (CUDA stops the sync before
+        # it can be seen while recording).
+        if finding.code is Code.CAPTURE_FAILED and self._library_syncs:
+            return self._library_syncs[0]
+        return finding
+
     def _policy_running(self, phase: str) -> AbstractContextManager[Any]:
         # The graph-safe mode is installed outside a CUDA capture (filling the mirrors
         # must not be recorded) and inside a stand-in's recording, which its replays rerun.

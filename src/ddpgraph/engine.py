@@ -270,7 +270,7 @@ class CaptureEngine(Generic[R]):
                 problem = self._policy_recording_problem()
                 outcome = Outcome(current_rank(), problem is None, [problem] if problem else [], action=Action.EAGER)
             except CaptureError as err:
-                finding = finding_from_capture_error(err, [str(w.message) for w in caught], syncs)
+                finding = self._policy_explain(finding_from_capture_error(err, [str(w.message) for w in caught], syncs))
                 stuck = not ddp_tools.reducer_finalized(self._model)
                 outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
         for w in caught:
@@ -335,6 +335,10 @@ class CaptureEngine(Generic[R]):
         """What puts the step's state back after a stand-in recording (which ran the
         step) and after a failed one."""
         raise NotImplementedError
+
+    def _policy_explain(self, finding: Finding) -> Finding:
+        """The finding for a failed recording, given what the step saw before it."""
+        return finding
 
     def _policy_recording_problem(self) -> Finding | None:
         """Why a recording that succeeded must not be used."""

@@ -57,8 +57,8 @@ def _train(info: DistInfo, *, capture: bool, graph_safe: bool = True, clip: bool
     if capture:
         backend = ddpgraph.PassThroughBackend() if on_cpu else None
         step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=backend)
-    elif graph_safe:  # as capture_step makes it: after the scheduler read its rates
-        ddpgraph.graph_safe_optimizer(opt.optimizer, tensor_lr_on_cpu=on_cpu)
+    elif graph_safe:  # as capture_step runs its eager steps: the graph-safe mode installed
+        step = harness.with_same_settings(opt.optimizer, train_step, info.device)
     losses, lrs = [], []
     for x, y in loader:
         losses.append(float(step(x, y)))

@@ -58,10 +58,10 @@ def _compare(info: DistInfo, before: int = 0, keep_loss: bool = False, **ddp_kwa
     batches = _batches(info)
     ref, ref_opt, ref_sched, ref_step = _setup(info, ddp_kwargs)
     ref_losses = []
+    same = harness.with_same_settings(ref_opt, ref_step, info.device)
     for i, (x, y) in enumerate(batches):
-        if i == before:
-            ddpgraph.graph_safe_optimizer(ref_opt)  # where capture_step makes it graph-safe
-        ref_losses.append(float(ref_step(x, y)))
+        # From where capture_step takes over: its eager steps run with graph-safe mode.
+        ref_losses.append(float((same if i >= before else ref_step)(x, y)))
         ref_sched.step()
 
     ddp, opt, sched, train_step = _setup(info, ddp_kwargs)

@@ -67,9 +67,9 @@ def _simple_step(ddp: nn.Module, opt: torch.optim.Optimizer, extra: Callable[[to
 def _eager_run(info, batches, make_opt, schedule=None, hooks=None):
     """Plain DDP on the default stream with the graph-safe optimizer: the reference."""
     ddp = DDP(_mlp(info), device_ids=[info.device.index])
-    opt = ddpgraph.graph_safe_optimizer(make_opt(ddp.parameters()))
+    opt = make_opt(ddp.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule) if schedule else None
-    step = _simple_step(ddp, opt)
+    step = harness.with_same_settings(opt, _simple_step(ddp, opt), info.device)
     losses = []
     for i, (x, y) in enumerate(batches):
         if hooks and i in hooks:
@@ -130,8 +130,9 @@ def gpt_equivalence(info: DistInfo) -> dict[str, Any]:
         return [float(v) for v in losses], moves, harness.params_of(ddp)
 
     ref_ddp = DDP(build(), device_ids=[info.device.index])
-    ref_opt = ddpgraph.graph_safe_optimizer(torch.optim.AdamW(ref_ddp.parameters(), lr=1e-3, weight_decay=0.1))
-    ref_losses, ref_moves, ref_params = train(ref_ddp, ref_opt, make_train_step(ref_ddp, ref_opt, workload.loss, options))
+    ref_opt = torch.optim.AdamW(ref_ddp.parameters(), lr=1e-3, weight_decay=0.1)
+    ref_step = harness.with_same_settings(ref_opt, make_train_step(ref_ddp, ref_opt, workload.loss, options), info.device)
+    ref_losses, ref_moves, ref_params = train(ref_ddp, ref_opt, ref_step)
     del ref_ddp, ref_opt
 
     ddp = ddpgraph.prepare_ddp(build(), device_ids=[info.device.index])

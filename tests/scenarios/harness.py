@@ -98,3 +98,19 @@ def params_of(model: torch.nn.Module) -> list[torch.Tensor]:
 
 def loss_rel_diff(a: list[float], b: list[float]) -> float:
     return max((abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+def with_same_settings(opt: Any, step: Any, device: Any) -> Any:
+    """`step` run as `capture_step` runs its eager steps: the optimizer's graph-safe mode
+    installed around each call (`GraphSafeOptimizers.installed`), the reference that a
+    captured run is compared with bit for bit."""
+    from ddpgraph.safe_optimizers import GraphSafeOptimizers
+
+    safe = GraphSafeOptimizers([opt], device)
+    assert safe.prepare() is None
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with safe.installed():
+            return step(*args, **kwargs)
+
+    return call

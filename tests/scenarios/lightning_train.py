@@ -59,12 +59,23 @@ class Net(L.LightningModule):
 
 
 class GraphSafe(L.Callback):
-    """The reference run's optimizer made graph-safe when the callback would do it: after
-    the scheduler read its learning rates, so both runs schedule the same numbers."""
+    """The reference run's optimizer stepped as the callback's eager steps step it: with
+    its graph-safe mode installed around each `step` (the closure, which Lightning runs
+    inside `step`, included)."""
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        on_cpu = module.device.type == "cpu"
-        ddpgraph.graph_safe_optimizer(trainer.optimizers[0], tensor_lr_on_cpu=on_cpu)
+        from ddpgraph.safe_optimizers import GraphSafeOptimizers
+
+        opt = trainer.optimizers[0]
+        safe = GraphSafeOptimizers([opt], module.device)
+        assert safe.prepare() is None
+        plain_step = opt.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            with safe.installed():
+                return plain_step(*args, **kwargs)
+
+        opt.step = step  # type: ignore[method-assign]
 
 
 class Record(L.Callback):

@@ -25,6 +25,10 @@ from ..findings import Code, Finding, Location
 from ..optim import NOT_HYPERPARAMETERS
 from .observed import Graph, StateLoad
 
+# Kernel choices, not values a replay reads: `capture_step` installs its graph-safe flags
+# only while it records (the optimizer stays as the user wrote it), so they differ after.
+_KERNEL_FLAGS = frozenset({"capturable", "foreach", "fused", "differentiable"})
+
 
 def remember_captured_state(graph: Graph, loads_so_far: int) -> None:
     """Keep what the replays are compared with: hyper-parameters, the identity of the
@@ -34,7 +38,7 @@ def remember_captured_state(graph: Graph, loads_so_far: int) -> None:
         if opt is None:
             continue
         graph.hyper.append(
-            [{k: v for k, v in g.items() if k not in NOT_HYPERPARAMETERS} for g in opt.param_groups]
+            [{k: v for k, v in g.items() if k not in NOT_HYPERPARAMETERS | _KERNEL_FLAGS} for g in opt.param_groups]
         )
         graph.state.append(
             [
