@@ -258,6 +258,25 @@ def test_inputs_made_inside_the_capture_are_not_tracked() -> None:
     assert s.rec.findings == []
 
 
+def test_a_view_of_a_live_input_made_inside_the_capture_is_not_freed() -> None:
+    # capture_step's own graphs read `batch[:, :-1]` of the static batch: the view dies
+    # with the capture, its storage does not.
+    s = Setup()
+    s.warm_up(11)
+    base = torch.randn(3, 5)
+    s.rec.capture_begin(s.graph, CAPTURE_AT, SIDE, lambda: {storage_key(base)})
+    s.iteration(base[:, :-1])
+    s.rec.capture_end(s.graph, [])
+    for _ in range(3):
+        base.copy_(torch.randn(3, 5))
+        s.rec.replay(s.graph, lambda: REPLAY_AT)
+    assert s.rec.findings == []
+    del base  # the storage itself goes: now it is freed
+    s.rec.replay(s.graph, lambda: REPLAY_AT)
+    [finding] = s.rec.findings
+    assert finding.code is Code.STATIC_INPUT_CHANGED and "freed" in finding.happened
+
+
 def test_freed_input_is_reported() -> None:
     s = Setup()
     s.warm_up(11)

@@ -206,12 +206,15 @@ class Recorder:
             key = storage_key(arg)
             if key is None or key not in graph.preexisting:
                 continue  # made during the capture: the graph owns it
-            if any(i.tensor() is arg for i in graph.inputs):
+            # A view made inside the capture (`seq[:, :-1]` of a static batch) dies when the
+            # capture ends while its storage lives on: what must stay alive is its base.
+            owner = arg if arg._base is None else arg._base
+            if any(i.tensor() is owner for i in graph.inputs):
                 continue
             shape = "x".join(str(s) for s in arg.shape) or "scalar"
             dtype = str(arg.dtype).replace("torch.", "")
             graph.inputs.append(
-                GraphInput(weakref.ref(arg), f"DDP forward argument {index} ({shape} {dtype})")
+                GraphInput(weakref.ref(owner), f"DDP forward argument {index} ({shape} {dtype})")
             )
 
     # ------------------------------------------------------------------ replay
