@@ -41,8 +41,8 @@ from torch import nn
 import ddpgraph
 from ddpgraph.bench.measure import _release_memory as free  # the bench's cleanup between strategies
 from ddpgraph.models import GPTConfig, Workload, gpt_workload
+from ddpgraph.reference_step import StepOptions, make_train_step
 from ddpgraph.step_settings import StepSettings, fused_adam_takes_tensor_lr
-from ddpgraph.training import StepOptions, make_train_step
 
 BATCH = 8
 LR = 1e-3

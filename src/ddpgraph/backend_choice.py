@@ -14,13 +14,14 @@ from . import ddp as ddp_tools
 from .adopt import adoption_method, adoption_refusal
 from .backends import CudaGraphBackend, GraphBackend
 from .findings import Code, Finding
+from .streams import can_run_graphs
 
 
 def choose_backend(
     model: nn.Module, device: torch.device, backend: GraphBackend | None, stream: torch.cuda.Stream | None
 ) -> tuple[GraphBackend | None, torch.cuda.Stream | None, Finding | None]:
     """The backend and stream a step captures with, or why it cannot capture at all."""
-    if not (device.type == "cuda" and torch.cuda.is_available()):
+    if not can_run_graphs(device):
         if backend is not None:
             return backend, None, None  # a stand-in backend on CPU
         why = (

@@ -19,11 +19,10 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from .amp import GraphSafeGradScaler
-from .ddp import model_device
+from .ddp import inner_module, model_device
 from .errors import usage_error
 
 T = TypeVar("T")
@@ -51,7 +50,7 @@ def training_state(
     and, with `rng`, the CPU and CUDA default generators' states and those of
     `generators`. Call it between steps. Each rank saves its own (their RNG states differ).
     """
-    module = model.module if isinstance(model, DDP) else model
+    module = inner_module(model)
     state: dict[str, Any] = {
         "model": module.state_dict(),
         "optimizers": [o.state_dict() for o in _listed(optimizer)],
@@ -84,7 +83,7 @@ def load_training_state(
     next step reads. The objects must be the ones the step uses: a
     captured step keeps the storage of those it was recorded with.
     """
-    module = model.module if isinstance(model, DDP) else model
+    module = inner_module(model)
     module.load_state_dict(state["model"])
     for obj, saved in _pairs("optimizer", _listed(optimizer), state["optimizers"]):
         obj.load_state_dict(saved)

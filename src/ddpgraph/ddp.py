@@ -122,6 +122,16 @@ def model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def inner_module(model: nn.Module) -> nn.Module:
+    """The module a DDP model wraps (`.module`); any other model itself."""
+    return model.module if isinstance(model, DDP) else model
+
+
+def process_group_of(model: nn.Module) -> Any:
+    """The process group a DDP model reduces over; None (no peers) for any other model."""
+    return model.process_group if isinstance(model, DDP) else None
+
+
 def built_on_stream(model: nn.Module) -> torch.cuda.Stream | None:
     """The stream `prepare_ddp` built this DDP model on, or None."""
     stream = getattr(model, _STREAM_ATTR, None)

@@ -30,14 +30,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from . import arguments
 from .backends import emulation_backend
 from .capture import capture_step
+from .console import console, progress_bar, rank0_print
 from .ddp import infer_device_ids, prepare_ddp
 from .distributed import DistInfo, init_distributed, launched_by_torchrun, shutdown
 from .errors import DdpGraphUsageError
 from .launch import run_under_torchrun
 from .models import CPU_GPT_CONFIG, GPTConfig, Workload, cosine_with_warmup, gpt_workload
 from .optim import graph_safe_optimizer
-from .report import console, progress_bar, rank0_print
-from .training import StepOptions, Timing, make_train_step, synchronize
+from .reference_step import StepOptions, Timing, make_train_step
+from .streams import synchronize
 
 GPU_CONFIG = GPTConfig()  # 6 layers, d=384, 6 heads, T=128, vocab 1000
 CPU_CONFIG = CPU_GPT_CONFIG

@@ -46,7 +46,7 @@ _UNREGISTERED_GENERATOR = "Attempt to increase offset for a CUDA generator not i
 
 
 @dataclass(frozen=True)
-class _Candidate:
+class _CauseCandidate:
     finding: Finding
     specific: bool
 
@@ -81,16 +81,16 @@ def _stream_finding(why: str, where: Location | None) -> Finding:
     )
 
 
-def _from_error(error: BaseException) -> _Candidate:
+def _from_error(error: BaseException) -> _CauseCandidate:
     text = f"{type(error).__name__}: {error}"
     where = error_location(error)
     head = first_line(error)
     if _STALE_STREAM in text or _LEGACY_STREAM in text:
-        return _Candidate(_stream_finding(f"PyTorch raised: {head}", where), True)
+        return _CauseCandidate(_stream_finding(f"PyTorch raised: {head}", where), True)
     if "capturable" in text and ("False" in text or "capturable=True" in text):
-        return _Candidate(Finding(Code.OPTIMIZER_NOT_CAPTURABLE, head, location=where), True)
+        return _CauseCandidate(Finding(Code.OPTIMIZER_NOT_CAPTURABLE, head, location=where), True)
     if _UNREGISTERED_GENERATOR in text:
-        return _Candidate(
+        return _CauseCandidate(
             Finding(
                 Code.CAPTURE_FAILED,
                 f"the step draws from a torch.Generator not registered with the graph ({head})",
@@ -104,15 +104,15 @@ def _from_error(error: BaseException) -> _Candidate:
         stack = traceback.extract_tb(error.__traceback__) if error.__traceback__ else []
         by_stack = classify(stack, during_capture=True)
         if by_stack is not None and by_stack.code is not Code.HOST_SYNC_IN_CAPTURE:
-            return _Candidate(by_stack, True)
+            return _CauseCandidate(by_stack, True)
         # CUDA raises this for any operation it cannot record, not only host waits.
-        return _Candidate(host_sync_finding(stack), False)
+        return _CauseCandidate(host_sync_finding(stack), False)
     if any(marker in text for marker in _CAPTURE_INVALIDATED):
-        return _Candidate(
+        return _CauseCandidate(
             Finding(Code.CAPTURE_FAILED, f"CUDA invalidated the capture: {head}", location=where),
             False,
         )
-    return _Candidate(Finding(Code.CAPTURE_FAILED, head, location=where), False)
+    return _CauseCandidate(Finding(Code.CAPTURE_FAILED, head, location=where), False)
 
 
 def capture_findings(
@@ -138,7 +138,7 @@ def capture_findings(
     inside `torch.cuda.stream(s)` and captured on the graph's own stream captures fine):
     the warning names the cause only when they are, or when nothing says where they are.
     """
-    candidates: list[_Candidate] = []
+    candidates: list[_CauseCandidate] = []
     seen: list[BaseException] = []
     for error in errors:
         for link in error_chain(error):
@@ -148,11 +148,11 @@ def capture_findings(
     warned = [w for w in warnings_seen if STREAM_WARNING in w]
     if warned and accumulators_on_default is not False:
         where = next((c.finding.location for c in candidates), None)
-        candidates.insert(0, _Candidate(_stream_finding(f"PyTorch warned: {STREAM_WARNING}", where), True))
+        candidates.insert(0, _CauseCandidate(_stream_finding(f"PyTorch warned: {STREAM_WARNING}", where), True))
     for event in syncs:
         finding = classify(event.stack, during_capture=True)
         if finding is not None:
-            candidates.append(_Candidate(finding, True))
+            candidates.append(_CauseCandidate(finding, True))
     specific = _unique([*known, *(c.finding for c in candidates if c.specific)])
     if specific:
         return specific

@@ -64,10 +64,6 @@ def current_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def current_world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def shutdown() -> None:
     """Destroy the default process group if this process created one, after closing
     the captured steps still alive: a live graph holds the NCCL communicator."""

@@ -39,7 +39,6 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import ddp as ddp_tools
 from .agreement import Action, Outcome
 from .backends import CudaGraphBackend, GraphBackend
 from .distributed import current_rank
@@ -52,7 +51,7 @@ from .probe import host_sync_probe
 from .replay import OnFailure
 from .step_record import Captured, Report, StepState, has_peers
 from .strategies.dynamo import compile_count
-from .streams import capture_stream
+from .streams import can_run_graphs, capture_stream
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
@@ -105,8 +104,8 @@ class CapturedEval(CaptureEngine[R]):
         self._extra_warmup = 0
         self._probed = False
         self._compiles_before = 0
-        if self._device.type == "cuda" and torch.cuda.is_available():
-            self._stream = options.stream or ddp_tools.built_on_stream(model) or capture_stream(self._device)
+        if can_run_graphs(self._device):
+            self._stream = options.step_stream(model) or capture_stream(self._device)
             self._backend = options.backend or CudaGraphBackend()
         elif options.backend is None:
             why = "CUDA is not available" if not torch.cuda.is_available() else f"the model is on {self._device}"

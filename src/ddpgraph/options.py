@@ -22,6 +22,7 @@ from .family import BeyondMaxGraphs, check_family
 from .findings import Code, Finding
 from .parity import ParityCheck, as_parity_check
 from .replay import OnFailure, check_policies
+from .streams import can_run_graphs
 from .watchdog import check_options as check_watchdog_options
 
 # Calls between two agreements of a captured step on a DDP model (see `engine`).
@@ -151,7 +152,7 @@ class CaptureOptions:
 
     def can_capture(self, device: torch.device) -> bool:
         """Whether a graph can be recorded for a model on `device` (or a stand-in is given)."""
-        return self.backend is not None or (device.type == "cuda" and torch.cuda.is_available())
+        return self.backend is not None or can_run_graphs(device)
 
     def step_stream(self, model: nn.Module) -> torch.cuda.Stream | None:
         """The stream eager steps of `model` run on: the given one, or the one

@@ -33,18 +33,18 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils import _pytree as pytree
 
 from .agreement import Outcome, agree
 from .backends import settle_after_failed_capture
-from .ddp import model_device
+from .ddp import inner_module, model_device, process_group_of
 from .diagnose import finding_from_error
 from .distributed import current_rank
 from .errors import DdpGraphError, DdpGraphWarning, usage_error
 from .findings import Code, Finding
 from .inputs import Signature, flatten_call, leaf_paths, stage_leaves, unflatten_call
 from .probe import classify, host_sync_probe
+from .streams import can_run_graphs
 
 # Replaces `module.forward` by a graphed forward built from `sample_args`; raises if it
 # cannot. The CUDA one is `torch.cuda.make_graphed_callables`; tests use stand-ins.
@@ -112,7 +112,7 @@ def _detached(values: tuple[Any, ...]) -> tuple[Any, ...]:
     )
 
 
-class Recorder:
+class SubmoduleRecorder:
     """Forward hooks on every submodule of `root` for one forward: each submodule's first
     arguments, call count and state, and (with `sync_events`, the list a
     `host_sync_probe` fills) the host synchronisations made inside it."""
@@ -125,7 +125,7 @@ class Recorder:
         self._handles: list[Any] = []
         self._device_type = model_device(root).type
 
-    def __enter__(self) -> Recorder:
+    def __enter__(self) -> SubmoduleRecorder:
         for name, module in self.root.named_modules():
             self._handles.append(module.register_forward_pre_hook(self._pre(name), with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._post(name)))
@@ -458,7 +458,7 @@ def _restore_forward(module: nn.Module, original: Callable[..., Any]) -> None:
 
 
 def _settle(device: torch.device) -> None:
-    if device.type == "cuda" and torch.cuda.is_available():
+    if can_run_graphs(device):
         settle_after_failed_capture(device)
 
 
@@ -572,7 +572,7 @@ def graph_submodules(
     statistics) and RNG states as they were. `partial_report(model)` says what was
     graphed and why the rest was not; `ungraph_submodules(model)` undoes it all.
     """
-    root = model.module if isinstance(model, DDP) else model
+    root = inner_module(model)
     if not isinstance(root, nn.Module):
         raise usage_error("`graph_submodules(model)`", f"expected a torch.nn.Module, got {type(model).__name__}", "pass the model to train")
     if not isinstance(sample_args, tuple):
@@ -590,7 +590,7 @@ def graph_submodules(
             "print `[n for n, _ in model.named_modules()]` to see them ('' is the whole model)",
         )
     device = model_device(root)
-    if grapher is None and not (device.type == "cuda" and torch.cuda.is_available()):
+    if grapher is None and not can_run_graphs(device):
         raise usage_error(
             "`graph_submodules(model)`",
             f"expected a model on a CUDA device, got one on {device}",
@@ -603,7 +603,7 @@ def graph_submodules(
             "call `ddpgraph.ungraph_submodules(model)` first to graph it differently",
         )
     records = record_forward(root, sample_args, sample_kwargs or {}, amp_dtype)
-    group = model.process_group if isinstance(model, DDP) else None
+    group = process_group_of(model)
     graph_recorded(root, records, names=names, tolerance=tolerance, grapher=grapher, group=group)
     return model
 
@@ -625,23 +625,23 @@ def record_forward(
 
 
 @contextmanager
-def record_step(root: nn.Module, *, probe: bool) -> Iterator[Recorder]:
+def record_step(root: nn.Module, *, probe: bool) -> Iterator[SubmoduleRecorder]:
     """Record the submodule calls of whatever runs inside (a real training step), with
     the host-sync probe on when `probe`."""
-    with host_sync_probe(enabled=probe) as found, Recorder(root, found.events) as rec:
+    with host_sync_probe(enabled=probe) as found, SubmoduleRecorder(root, found.events) as rec:
         yield rec
 
 
 def partial_report(model: nn.Module) -> PartialReport | None:
     """What `graph_submodules` (or `strategy="partial"`) did to `model`, or None."""
-    root = model.module if isinstance(model, DDP) else model
+    root = inner_module(model)
     handle = getattr(root, _HANDLE_ATTR, None)
     return handle.report if isinstance(handle, PartialGraphs) else None
 
 
 def ungraph_submodules(model: nn.Module) -> None:
     """Put every graphed submodule's original forward back and free the graphs."""
-    root = model.module if isinstance(model, DDP) else model
+    root = inner_module(model)
     handle = getattr(root, _HANDLE_ATTR, None)
     if isinstance(handle, PartialGraphs):
         handle.release()

@@ -16,6 +16,11 @@ import torch
 _STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
+def can_run_graphs(device: torch.device) -> bool:
+    """Whether CUDA graphs can be recorded for work on `device`: a CUDA device, and CUDA usable."""
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
 def capture_stream(device: torch.device) -> torch.cuda.Stream:
     """The library's stream for `device`, created on first use and reused after."""
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -60,3 +65,9 @@ def hand_over(outputs: Any, stream: torch.cuda.Stream | None) -> None:
     for leaf in tree_leaves(outputs):
         if isinstance(leaf, torch.Tensor) and leaf.is_cuda:
             leaf.record_stream(caller)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on `device` (nothing to wait for off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -51,6 +51,7 @@ from . import groups, teardown
 from .errors import DdpGraphError, usage_error
 from .findings import Code, Finding
 from .peers import NoBoard, PeerBoard
+from .streams import can_run_graphs
 
 log = logging.getLogger("ddpgraph")
 
@@ -79,7 +80,7 @@ class FinishedEvent:
 
 
 def event_factory_for(device: torch.device) -> Callable[[], ReplayEvent]:
-    if device.type == "cuda" and torch.cuda.is_available():
+    if can_run_graphs(device):
         return torch.cuda.Event
     return FinishedEvent
 
@@ -153,7 +154,7 @@ class ReplayWatchdog:
         self.rank = groups.global_rank()
         device = device or torch.device("cpu")
         self._device = device
-        self._cuda = device.type == "cuda" and torch.cuda.is_available()
+        self._cuda = can_run_graphs(device)
         self._clock = clock
         self._new_event = event_factory or event_factory_for(device)
         wait = timeout_s or 1.0

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import ddpgraph
 from ddpgraph.distributed import DistInfo
 from ddpgraph.models import MLP, GPTConfig, gpt_workload
-from ddpgraph.training import StepOptions, make_train_step
+from ddpgraph.reference_step import StepOptions, make_train_step
 
 
 def _summary(step: ddpgraph.CapturedStep[Any]) -> dict[str, Any]:

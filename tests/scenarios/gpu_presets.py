@@ -23,8 +23,8 @@ from ddpgraph.bench.workloads import resolve_model
 from ddpgraph.distributed import DistInfo
 from ddpgraph.errors import DdpGraphUsageError
 from ddpgraph.models import GPTConfig, Workload, gpt_workload
+from ddpgraph.reference_step import StepOptions, make_train_step
 from ddpgraph.step_settings import StepSettings
-from ddpgraph.training import StepOptions, make_train_step
 
 BATCH = 2
 REPLAYS = 3

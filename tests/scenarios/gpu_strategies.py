@@ -37,9 +37,9 @@ from ddpgraph.models import (
     gpt_workload,
 )
 from ddpgraph.partial import graph_submodules, partial_report
+from ddpgraph.reference_step import StepOptions, make_train_step
 from ddpgraph.strategies import make_step
 from ddpgraph.strategies.dynamo import compile_count
-from ddpgraph.training import StepOptions, make_train_step
 
 BF16 = StepOptions(amp_dtype=torch.bfloat16, clip_norm=1.0)
 SMALL_GPT = GPTConfig(vocab=512, block=64, layers=2, dim=128, heads=4)

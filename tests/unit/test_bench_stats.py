@@ -14,7 +14,7 @@ from ddpgraph.bench.stats import (
     timeline,
     windows,
 )
-from ddpgraph.training import Timing
+from ddpgraph.reference_step import Timing
 
 
 def test_windows_are_full_and_never_empty() -> None:

@@ -16,9 +16,9 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph import Code, DdpGraphUsageError, StepState
+from ddpgraph.reference_step import StepOptions, make_train_step
 from ddpgraph.strategies import CompiledStep, compile_switch
 from ddpgraph.strategies.dynamo import CompileSpec, compile_count
-from ddpgraph.training import StepOptions, make_train_step
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
 

@@ -18,15 +18,15 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..models import Workload
+from ..reference_step import StepOptions, make_train_step
 from ..step_settings import DEFAULT_STEP_SETTINGS
-from ..training import StepOptions, make_train_step
 
 # Learning rate of every strategy's AdamW; the value does not change the step's cost.
 LEARNING_RATE = 1e-3
 # Seed of the initial weights, the same for every strategy and every rank.
 WEIGHTS_SEED = 0
 
-TrainStep = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Case:
         `kwargs` (a tensor `lr`, `capturable`) are passed on."""
         return DEFAULT_STEP_SETTINGS.adamw(model.parameters(), **{"lr": LEARNING_RATE, **kwargs})
 
-    def train_step(self, model: nn.Module, optimizer: Optimizer) -> TrainStep:
+    def train_step(self, model: nn.Module, optimizer: Optimizer) -> StepFn:
         """The step every strategy runs: zero_grad, forward (bf16 autocast on GPU unless
         turned off), loss, backward, optimizer step. Plain torch code, no capture logic."""
         options = StepOptions(amp_dtype=self.amp_dtype, clip_norm=None)

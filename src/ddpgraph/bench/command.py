@@ -33,10 +33,10 @@ import torch
 from rich.table import Table
 
 from .. import arguments
+from ..console import console
 from ..distributed import init_distributed, launched_by_torchrun, shutdown
 from ..errors import DdpGraphUsageError, usage_error
 from ..launch import run_under_torchrun
-from ..report import console
 from .compare import fill_speedups, summary
 from .measure import Settings
 from .plot import plot_formats, plot_speedups

@@ -23,7 +23,6 @@ from ..models import Workload
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
-FEEDS = ("device", "dataloader")
 # Distinct batches each strategy cycles through.
 DISTINCT_BATCHES = 8
 DATA_SEED = 1234

@@ -24,7 +24,8 @@ from functools import partial
 
 import torch
 
-from ..training import Timing, synchronize
+from ..reference_step import Timing
+from ..streams import synchronize
 from .busy import GpuProfile, profile_steps
 from .case import Case, Runner
 from .control import Control, PhaseFailed, short_error

@@ -33,7 +33,7 @@ from ..ddp import prepare_ddp
 from ..findings import Code
 from ..strategies import TrainStep as GraphedStep
 from ..strategies import make_step
-from .case import LEARNING_RATE, Case, Runner, TrainStep
+from .case import LEARNING_RATE, Case, Runner, StepFn
 from .registry import Strategy, register_strategy
 
 # PyTorch's recipe: DDP's reducer samples host-synchronising statistics on iterations
@@ -50,7 +50,7 @@ class StepRunner(Runner):
 
     def __init__(
         self,
-        fn: TrainStep,
+        fn: StepFn,
         device: torch.device,
         *,
         before_step: Callable[[], None] | None = None,

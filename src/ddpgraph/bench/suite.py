@@ -18,8 +18,8 @@ import torch
 from rich.progress import Progress
 
 from .. import __version__
+from ..console import progress_bar
 from ..distributed import DistInfo
-from ..report import progress_bar
 from ..step_settings import DEFAULT_STEP_SETTINGS
 from .case import Case
 from .control import Control

@@ -34,12 +34,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from .. import ddp as ddp_tools
 from ..agreement import Decision, agree
 from ..capture import StepState, StepStats
+from ..ddp import process_group_of
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
 from .base import R, StepBase, TrainStep
@@ -84,7 +84,7 @@ class AutoStep(StepBase[R]):
         self._settings = settings or TrialSettings()
         self._clock = clock
         self._device = ddp_tools.model_device(model)
-        self._group = model.process_group if isinstance(model, DDP) else None
+        self._group = process_group_of(model)
         self._winner: TrainStep[R] | None = None
         self._report: SelectionReport | None = None
         self._state = StepState.WARMUP

@@ -40,6 +40,7 @@ from torch.optim import Optimizer
 from .. import ddp as ddp_tools
 from ..agreement import Action, Outcome, agree
 from ..capture import CapturedStep, StepState, StepStats
+from ..ddp import process_group_of
 from ..distributed import current_rank
 from ..errors import DdpGraphWarning, usage_error
 from ..findings import Code, Finding
@@ -251,7 +252,7 @@ class CompiledStep(StepBase[R]):
         self._core = self._new_core()
 
     def _agree(self, ok: bool) -> bool:
-        group = self._target.process_group if isinstance(self._target, DDP) else None
+        group = process_group_of(self._target)
         return agree(Outcome(current_rank(), ok), group, self._device).ok
 
     def _watched(self, *args: Any, **kwargs: Any) -> R:
@@ -266,7 +267,7 @@ class CompiledStep(StepBase[R]):
 
     def _recording(self) -> bool:
         backend = self._options.backend
-        if backend is not None and getattr(backend, "capturing", False):
+        if backend is not None and backend.capturing:
             return True
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 

@@ -19,6 +19,7 @@ from ..findings import Code, Finding
 from ..optim import graph_safe_optimizer
 from ..partial import DEFAULT_TOLERANCE, Grapher
 from ..replay import OnFailure
+from ..streams import can_run_graphs
 from .auto import AutoStep
 from .base import STRATEGY_NAMES, CaptureOptions, R, StrategyName, TrainStep
 from .compiled import CompiledStep
@@ -229,7 +230,7 @@ class _Builders:
         when a capturing strategy can run, so that every trial does the same arithmetic."""
         out: dict[str, Finding] = {}
         capture = self.options.can_capture(self.device)
-        cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        cuda = can_run_graphs(self.device)
         no_cuda = Finding(Code.NO_CUDA, f"needs CUDA graphs, and the model is on {self.device}")
         if not capture:
             out["whole"] = out["compile"] = no_cuda

@@ -14,12 +14,11 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import ddp as ddp_tools
 from ..capture import StepState
+from ..ddp import inner_module, process_group_of
 from ..errors import usage_error
 from ..findings import Code, Finding
 from ..partial import (
@@ -31,6 +30,7 @@ from ..partial import (
     partial_report,
     record_step,
 )
+from ..streams import can_run_graphs
 from .base import CaptureOptions, R, StepBase, run_eager
 
 SUMMARY = (
@@ -55,7 +55,7 @@ class PartialStep(StepBase[R]):
         super().__init__()
         self._fn = fn
         self._model = model
-        self._root = model.module if isinstance(model, DDP) else model
+        self._root = inner_module(model)
         self._device = ddp_tools.model_device(model)
         self._stream = options.step_stream(model)
         self._names = list(names) if names is not None else None
@@ -71,7 +71,7 @@ class PartialStep(StepBase[R]):
                 "name submodules of the model inside DDP ('' is the whole model)",
             )
         existing = partial_report(self._root)
-        on_cuda = self._device.type == "cuda" and torch.cuda.is_available()
+        on_cuda = can_run_graphs(self._device)
         if existing is not None:
             self._settle_state(existing)
         elif not on_cuda and grapher is None:
@@ -102,12 +102,12 @@ class PartialStep(StepBase[R]):
             else:
                 self._stats.eager_steps += 1
             return run_eager(self._fn, args, kwargs, self._device, self._stream)
-        on_cuda = self._device.type == "cuda" and torch.cuda.is_available()
+        on_cuda = can_run_graphs(self._device)
         with record_step(self._root, probe=on_cuda) as recorder:
             out = run_eager(self._fn, args, kwargs, self._device, self._stream)
         self._stats.warmup_steps += 1
         start = time.perf_counter()
-        group = self._model.process_group if isinstance(self._model, DDP) else None
+        group = process_group_of(self._model)
         self._graphs = graph_recorded(
             self._root,
             recorder.records,

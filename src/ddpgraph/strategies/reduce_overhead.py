@@ -19,6 +19,7 @@ from torch import nn
 
 from .. import ddp as ddp_tools
 from ..findings import Code, Finding
+from ..streams import can_run_graphs
 from .base import CaptureOptions, R, StepBase, run_eager
 from .dynamo import CompileSpec, InPlaceCompile
 
@@ -41,7 +42,7 @@ class ReduceOverheadStep(StepBase[R]):
         self._device = ddp_tools.model_device(model)
         self._stream = options.step_stream(model)
         self._compiled: InPlaceCompile | None = None
-        if self._device.type == "cuda" and torch.cuda.is_available():
+        if can_run_graphs(self._device):
             self._compiled = InPlaceCompile(model, CompileSpec("reduce-overhead"))
         else:
             self._reason = Finding(

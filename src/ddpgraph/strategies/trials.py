@@ -30,10 +30,10 @@ from ..diagnose import finding_from_error
 from ..distributed import current_rank
 from ..findings import Code, Finding
 from ..partial import relative_difference
-from ..training import synchronize
+from ..streams import synchronize
 from ..warmup import MIN_WARMUP_ITERATIONS
 from .base import TrainStep, run_eager
-from .state import DeviceState
+from .trial_snapshot import TrialSnapshot
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,8 @@ class TrialRunner:
         self.clock = clock
         self._counter = ddp_tools.forward_counter(model)
 
-    def snapshot(self) -> DeviceState:
-        return DeviceState(self._model, self._optimizers, self._stateful)
+    def snapshot(self) -> TrialSnapshot:
+        return TrialSnapshot(self._model, self._optimizers, self._stateful)
 
     def run(self, candidate: Candidate) -> TrialOutcome:
         """This rank's trial of `candidate`. The step it builds is closed at the end; the

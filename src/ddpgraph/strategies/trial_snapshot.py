@@ -36,7 +36,7 @@ def _put_back(kept: Any) -> Any:
     return copy.deepcopy(kept)
 
 
-class DeviceState:
+class TrialSnapshot:
     """Parameters, gradients, buffers, optimizer state and hyper-parameters, other
     objects with `state_dict`/`load_state_dict` (schedulers), RNG states, and DDP's
     buffer-sync flag, copied by value."""
