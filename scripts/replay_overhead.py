@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 import ddpgraph
-from ddpgraph.models import GPTConfig, gpt_workload
+from ddpgraph.app.models import GPTConfig, gpt_workload
 
 
 class _IdleGraph:

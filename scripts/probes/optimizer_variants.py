@@ -5,7 +5,7 @@
 
 On one GPU (world size 1, a one-process NCCL group), batch 8, bf16 autocast, the step of
 `ddpgraph bench` (zero_grad, forward, loss, backward, AdamW) captured by `capture_step`.
-For TinyGPT (`ddpgraph.models.gpt_workload`) and transformers GPT-2 124M (T=256, the
+For TinyGPT (`ddpgraph.app.models.gpt_workload`) and transformers GPT-2 124M (T=256, the
 `hf-gpt2` preset), each row changes one setting of `ddpgraph.step_settings` from the
 first row, PyTorch's defaults:
 
@@ -39,9 +39,9 @@ import torch.distributed as dist
 from torch import nn
 
 import ddpgraph
+from ddpgraph.app.models import GPTConfig, Workload, gpt_workload
+from ddpgraph.app.reference_step import StepOptions, make_train_step
 from ddpgraph.bench.measure import _release_memory as free  # the bench's cleanup between strategies
-from ddpgraph.models import GPTConfig, Workload, gpt_workload
-from ddpgraph.reference_step import StepOptions, make_train_step
 from ddpgraph.step_settings import StepSettings, fused_adam_takes_tensor_lr
 
 BATCH = 8

@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
-from ddpgraph.models import GPTConfig, TinyGPT
+from ddpgraph.app.models import GPTConfig, TinyGPT
 
 BATCH, VOCAB, MAX_T = 8, 8192, 512
 BUCKETS = (64, 128, 256, 512)

@@ -7,8 +7,7 @@
         loss = step(x, y)   # eager warm-up, one capture, then replays
 """
 
-from .accumulate import accumulate, split_batch
-from .amp import GraphSafeGradScaler, ScalerStats, ScalerTensors
+from ._moved import alias_shadowed
 from .backends import (
     CaptureError,
     CudaGraphBackend,
@@ -18,21 +17,26 @@ from .backends import (
 )
 from .buckets import bucket_collate, choose_buckets, pad_to_bucket
 from .capture import CapturedStep, StepState, StepStats, capture_step
-from .checkpoint import load_training_state, training_state
 from .ddp import prepare_ddp
 from .distributed import DistInfo, init_distributed
 from .errors import DdpGraphError, DdpGraphUsageError, DdpGraphWarning
-from .evaluation import CapturedEval, capture_eval
 from .findings import CATALOG, Code, Finding, Location
-from .monitor import NonFiniteMonitor, StepValues
 from .optim import graph_safe_optimizer
 from .parity import ParityCheck
-from .partial import PartialReport, graph_submodules, partial_report, ungraph_submodules
 from .recording import RecordingBackend
 from .safe_optimizers import GraphSafeOptimizers
 from .strategies import SelectionReport, StrategyName, TrainStep, TrialSettings, make_step
+from .strategies.evaluation import CapturedEval, capture_eval
+from .strategies.partial import graph_submodules, partial_report, ungraph_submodules
+from .strategies.partial_graphed import PartialReport
+from .training.accumulate import accumulate, split_batch
+from .training.checkpoint import load_training_state, training_state
+from .training.monitor import NonFiniteMonitor, StepValues
+from .training.scaler import GraphSafeGradScaler, ScalerStats, ScalerTensors
 
 __version__ = "0.1.0"
+# `ddpgraph.accumulate` is the function; its module moved to `ddpgraph.training.accumulate`.
+alias_shadowed("ddpgraph.accumulate", "ddpgraph.training.accumulate")
 # Integrations import their framework (an optional dependency) only when first used.
 _LAZY_SUBMODULES = ("lightning", "accelerate")
 

@@ -189,7 +189,7 @@ def capture_step(
         replay_timeout=replay_timeout, on_replay_timeout=on_replay_timeout,
     )
     if compile is not False:
-        from .strategies.compile_switch import capture_compiled
+        from .compile_route import capture_compiled
 
         return capture_compiled(fn, compile=compile, model=model, optimizers=as_optimizers(optimizer), options=options)
     return CapturedStep(fn, model=model, optimizers=as_optimizers(optimizer), options=options)

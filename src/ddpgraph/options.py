@@ -22,6 +22,7 @@ from .family import BeyondMaxGraphs, check_family
 from .findings import Code, Finding
 from .parity import ParityCheck, as_parity_check
 from .replay import OnFailure, check_policies
+from .snapshot import Restorable
 from .streams import can_run_graphs
 from .watchdog import check_options as check_watchdog_options
 
@@ -136,9 +137,10 @@ class CaptureOptions:
             )
 
     def _check_scaler(self, api: str) -> None:
-        from .amp import GraphSafeGradScaler
-
-        if self.scaler is not None and not isinstance(self.scaler, GraphSafeGradScaler):
+        # The capture needs of a scaler only what it must put back after a failed (or
+        # stand-in) recording: `snapshot.Restorable`, which `GraphSafeGradScaler` is and
+        # `torch.amp.GradScaler` is not. The core so never imports the training pieces.
+        if self.scaler is not None and not isinstance(self.scaler, Restorable):
             raise DdpGraphUsageError(
                 Finding(
                     Code.GRAD_SCALER_IN_CAPTURE,

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
 
+@runtime_checkable
 class Restorable(Protocol):
     """Something besides model and optimizer that a recording may change (a grad
     scaler): `snapshot()` returns the function that puts it back as it is now. A captured

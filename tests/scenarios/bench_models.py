@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddpgraph.models import Workload
+from ddpgraph.app.models import Workload
 
 FEATURES, CLASSES = 16, 4
 

@@ -15,8 +15,6 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph.distributed import DistInfo
-from ddpgraph.evaluation import capture_eval
-from ddpgraph.partial import partial_report
 from ddpgraph.strategies import (
     AutoStep,
     Candidate,
@@ -25,6 +23,8 @@ from ddpgraph.strategies import (
     TrialSettings,
     make_step,
 )
+from ddpgraph.strategies.evaluation import capture_eval
+from ddpgraph.strategies.partial import partial_report
 
 FAST = TrialSettings(check_steps=2, timing_steps=4, timing_windows=2, min_setup_calls=1)
 

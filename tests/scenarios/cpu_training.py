@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
-from ddpgraph.accumulate import accumulate
-from ddpgraph.amp import GraphSafeGradScaler
-from ddpgraph.checkpoint import load_training_state, training_state
 from ddpgraph.distributed import DistInfo
-from ddpgraph.monitor import NonFiniteMonitor
+from ddpgraph.training.accumulate import accumulate
+from ddpgraph.training.checkpoint import load_training_state, training_state
+from ddpgraph.training.monitor import NonFiniteMonitor
+from ddpgraph.training.scaler import GraphSafeGradScaler
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -16,8 +16,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
+from ddpgraph.app.models import MLP
 from ddpgraph.distributed import DistInfo
-from ddpgraph.models import MLP
 
 STEPS = 45
 

@@ -19,9 +19,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
+from ddpgraph.app.models import MLP, GPTConfig, gpt_workload
+from ddpgraph.app.reference_step import StepOptions, make_train_step
 from ddpgraph.distributed import DistInfo
-from ddpgraph.models import MLP, GPTConfig, gpt_workload
-from ddpgraph.reference_step import StepOptions, make_train_step
 
 
 def _summary(step: ddpgraph.CapturedStep[Any]) -> dict[str, Any]:

@@ -24,10 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
-from ddpgraph.ddp import forward_counter
-from ddpgraph.distributed import DistInfo
-from ddpgraph.evaluation import capture_eval
-from ddpgraph.models import (
+from ddpgraph.app.models import (
     GPTConfig,
     SmallResNet,
     TinyGPT,
@@ -36,10 +33,13 @@ from ddpgraph.models import (
     cosine_with_warmup,
     gpt_workload,
 )
-from ddpgraph.partial import graph_submodules, partial_report
-from ddpgraph.reference_step import StepOptions, make_train_step
+from ddpgraph.app.reference_step import StepOptions, make_train_step
+from ddpgraph.ddp import forward_counter
+from ddpgraph.distributed import DistInfo
 from ddpgraph.strategies import make_step
 from ddpgraph.strategies.dynamo import compile_count
+from ddpgraph.strategies.evaluation import capture_eval
+from ddpgraph.strategies.partial import graph_submodules, partial_report
 
 BF16 = StepOptions(amp_dtype=torch.bfloat16, clip_norm=1.0)
 SMALL_GPT = GPTConfig(vocab=512, block=64, layers=2, dim=128, heads=4)

@@ -33,12 +33,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
-from ddpgraph.accumulate import accumulate
-from ddpgraph.amp import GraphSafeGradScaler
-from ddpgraph.checkpoint import load_training_state, training_state
+from ddpgraph.app.models import GPTConfig, SmallResNet, gpt_workload
 from ddpgraph.distributed import DistInfo
-from ddpgraph.models import GPTConfig, SmallResNet, gpt_workload
-from ddpgraph.monitor import NonFiniteMonitor
+from ddpgraph.training.accumulate import accumulate
+from ddpgraph.training.checkpoint import load_training_state, training_state
+from ddpgraph.training.monitor import NonFiniteMonitor
+from ddpgraph.training.scaler import GraphSafeGradScaler
 
 SHAPE = {"dim": 64, "hidden": 256, "classes": 10}
 STEPS = 30

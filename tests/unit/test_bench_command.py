@@ -7,7 +7,7 @@ import argparse
 import pytest
 import torch
 
-from ddpgraph import cli
+from ddpgraph.app import cli
 from ddpgraph.bench import command, registered
 
 

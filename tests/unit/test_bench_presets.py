@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from ddpgraph import Code, DdpGraphUsageError
+from ddpgraph.app.cli import build_parser
+from ddpgraph.app.models import Workload
 from ddpgraph.bench import command
 from ddpgraph.bench.presets import LLAMA, PRESETS, CausalLMLogits, hf_gpt2, hf_llama
 from ddpgraph.bench.workloads import parse_batch_sizes, resolve_model
-from ddpgraph.cli import build_parser
-from ddpgraph.models import Workload
 
 CPU = torch.device("cpu")
 # Small enough to train a step on two loaded CPU cores in well under a second.

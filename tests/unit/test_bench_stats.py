@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from ddpgraph.app.reference_step import Timing
 from ddpgraph.bench.stats import (
     Measurement,
     default_window,
@@ -14,7 +15,6 @@ from ddpgraph.bench.stats import (
     timeline,
     windows,
 )
-from ddpgraph.reference_step import Timing
 
 
 def test_windows_are_full_and_never_empty() -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ddpgraph.app.models import BUILTIN_WORKLOADS
 from ddpgraph.bench.schema import FeedResult, Report, StrategyResult, validate
 from ddpgraph.bench.table import RESULT_HEADERS, result_row
 from ddpgraph.bench.throughput import fill_throughput, si, throughput_cell
-from ddpgraph.models import BUILTIN_WORKLOADS
 
 
 def _result(ms: float = 4.0) -> StrategyResult:

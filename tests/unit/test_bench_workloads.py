@@ -89,7 +89,7 @@ def test_spec_errors(text: str, expected: str) -> None:
 def test_factory_contract_errors(factory: str, expected: str) -> None:
     message = usage_error(spec(factory))
     assert expected in message
-    assert "the factory takes no arguments and returns a `ddpgraph.models.Workload`" in message
+    assert "the factory takes no arguments and returns a `ddpgraph.app.models.Workload`" in message
 
 
 def test_each_model_once() -> None:

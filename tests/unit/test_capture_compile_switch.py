@@ -16,7 +16,7 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph import Code, DdpGraphUsageError, StepState
-from ddpgraph.reference_step import StepOptions, make_train_step
+from ddpgraph.app.reference_step import StepOptions, make_train_step
 from ddpgraph.strategies import CompiledStep, compile_switch
 from ddpgraph.strategies.dynamo import CompileSpec, compile_count
 

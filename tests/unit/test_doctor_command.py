@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddpgraph import Code
-from ddpgraph.cli import build_parser, main
+from ddpgraph.app.cli import build_parser, main
 from ddpgraph.doctor.env import SCHEMA, collect, parse_version, relevant_variables, version_findings
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddpgraph.app.cli import build_parser
+from ddpgraph.app.models import mlp_workload
 from ddpgraph.bench import command
 from ddpgraph.bench.case import Case
 from ddpgraph.bench.suite import describe_setup
-from ddpgraph.cli import build_parser
 from ddpgraph.distributed import DistInfo
-from ddpgraph.models import mlp_workload
 from ddpgraph.step_settings import (
     ADAM_KERNELS,
     DEFAULT_STEP_SETTINGS,

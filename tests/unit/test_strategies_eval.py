@@ -12,7 +12,7 @@ import torch
 import ddpgraph
 from ddpgraph import Code, StepState
 from ddpgraph.ddp import forward_counter
-from ddpgraph.evaluation import capture_eval
+from ddpgraph.strategies.evaluation import capture_eval
 
 
 def _predict(run: Any) -> Any:
@@ -137,7 +137,7 @@ def test_a_shared_pool_waits_for_the_training_capture_and_follows_it(make_run, b
 def test_compiling_in_the_last_warmup_call_extends_the_warmup(make_run, batches, monkeypatch) -> None:
     run = make_run()
     compiles = iter([0, 1, 1, 1, 1, 1, 1, 1])  # the probe call compiles once
-    monkeypatch.setattr("ddpgraph.evaluation.compile_count", lambda: next(compiles))
+    monkeypatch.setattr("ddpgraph.strategies.evaluation.compile_count", lambda: next(compiles))
     evaluate = capture_eval(_predict(run), model=run.model, warmup_steps=1, backend=ddpgraph.PassThroughBackend())
     x = batches(1)[0][0]
     evaluate(x)

@@ -13,8 +13,10 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph import Code, StepState
-from ddpgraph.partial import GraphedForward, graph_submodules, partial_report, ungraph_submodules
 from ddpgraph.strategies import make_step
+from ddpgraph.strategies.partial import graph_submodules, partial_report, ungraph_submodules
+from ddpgraph.strategies.partial_graphed import GraphedForward
+from ddpgraph.strategies.partial_record import AutocastState
 
 
 class Block(nn.Module):
@@ -178,7 +180,7 @@ def test_a_gradient_kept_from_the_graph_gets_its_own_memory() -> None:
         lin,
         lin.forward,
         ddpgraph.inputs.Signature([torch.zeros(2, 4)], ddpgraph.inputs.flatten_call((torch.zeros(2, 4),), {})[1], ["args[0]"]),
-        ddpgraph.partial.AutocastState.current("cpu"),
+        AutocastState.current("cpu"),
         [(lin.weight, lin.weight.grad.data_ptr())],
     )
     kept = lin.weight.grad

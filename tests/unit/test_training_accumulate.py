@@ -12,9 +12,9 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph import StepState
-from ddpgraph.accumulate import accumulate, split_batch
-from ddpgraph.amp import GraphSafeGradScaler
 from ddpgraph.ddp import forward_counter
+from ddpgraph.training.accumulate import accumulate, split_batch
+from ddpgraph.training.scaler import GraphSafeGradScaler
 
 
 def _model() -> nn.Module:

@@ -18,8 +18,8 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph import StepState
-from ddpgraph.amp import GraphSafeGradScaler
-from ddpgraph.checkpoint import load_training_state, training_state
+from ddpgraph.training.checkpoint import load_training_state, training_state
+from ddpgraph.training.scaler import GraphSafeGradScaler
 
 
 @dataclass

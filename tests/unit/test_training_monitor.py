@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ddpgraph
-from ddpgraph.monitor import NonFiniteMonitor, StepValues
+from ddpgraph.training.monitor import NonFiniteMonitor, StepValues
 
 NAN = float("nan")
 

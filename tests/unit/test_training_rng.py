@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import ddpgraph
 from ddpgraph import rng
-from ddpgraph.amp import GraphSafeGradScaler
+from ddpgraph.training.scaler import GraphSafeGradScaler
 
 
 def _noisy_run(make_run: Any, noise: torch.Generator, scaler: GraphSafeGradScaler | None = None) -> Any:

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from ..models import Workload
-from ..reference_step import StepOptions, make_train_step
+from ..app.models import Workload
+from ..app.reference_step import StepOptions, make_train_step
 from ..step_settings import DEFAULT_STEP_SETTINGS
 
 # Learning rate of every strategy's AdamW; the value does not change the step's cost.

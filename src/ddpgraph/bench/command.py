@@ -18,7 +18,7 @@ with batches already on the GPU and, unless --no-data-loader, fed by a DataLoade
 pinned memory. On CPU only the eager strategies run.
 
 A model of your own: `--model MODULE:FACTORY`, where FACTORY() returns a
-`ddpgraph.models.Workload` or a tuple (model, loss, make_batch); see docs/benchmarks.md.
+`ddpgraph.app.models.Workload` or a tuple (model, loss, make_batch); see docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from typing import Any
 import torch
 from rich.table import Table
 
-from .. import arguments
-from ..console import console
+from ..app import arguments
+from ..app.console import console
+from ..app.launch import run_under_torchrun
 from ..distributed import init_distributed, launched_by_torchrun, shutdown
 from ..errors import DdpGraphUsageError, usage_error
-from ..launch import run_under_torchrun
 from .compare import fill_speedups, summary
 from .measure import Settings
 from .plot import plot_formats, plot_speedups

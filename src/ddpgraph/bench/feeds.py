@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..models import Workload
+from ..app.models import Workload
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

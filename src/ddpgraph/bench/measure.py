@@ -24,7 +24,7 @@ from functools import partial
 
 import torch
 
-from ..reference_step import Timing
+from ..app.reference_step import Timing
 from ..streams import synchronize
 from .busy import GpuProfile, profile_steps
 from .case import Case, Runner

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..app.models import GPTConfig, Workload, cnn_workload, gpt_workload
 from ..errors import usage_error
-from ..models import GPTConfig, Workload, cnn_workload, gpt_workload
 
 SEQ_LEN = 256
 IMAGE_SIZE = 224

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..reference_step import Timing
+from ..app.reference_step import Timing
 
 # Chrome-trace categories of device activity that count as GPU work. Device-to-device
 # copies count: DDP moves every gradient into and out of its buckets with cudaMemcpyAsync,

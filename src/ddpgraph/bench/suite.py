@@ -18,7 +18,7 @@ import torch
 from rich.progress import Progress
 
 from .. import __version__
-from ..console import progress_bar
+from ..app.console import progress_bar
 from ..distributed import DistInfo
 from ..step_settings import DEFAULT_STEP_SETTINGS
 from .case import Case

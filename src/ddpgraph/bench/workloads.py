@@ -4,7 +4,7 @@ The factory contract. `--model MODULE:FACTORY` names a callable that takes no
 arguments; MODULE is an importable module (`my_project.bench_models`) or a path to a
 Python file (`path/to/models.py`). The factory returns either
 
-* a `ddpgraph.models.Workload`: `build()` makes a fresh model, `make_batch(batch_size,
+* a `ddpgraph.app.models.Workload`: `build()` makes a fresh model, `make_batch(batch_size,
   generator, device)` returns `(inputs, targets)` tensors, `loss(outputs, targets)`
   returns the scalar loss; or
 * a tuple `(model, loss, make_batch)` with the same `loss` and `make_batch`; the factory
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..app.models import BUILTIN_WORKLOADS, CPU_GPT_CONFIG, Workload, gpt_workload, mlp_workload
 from ..errors import DdpGraphUsageError, usage_error
-from ..models import BUILTIN_WORKLOADS, CPU_GPT_CONFIG, Workload, gpt_workload, mlp_workload
 from .presets import PRESETS, preset_workload
 
 # Per-GPU batch sizes benchmarked when `--batch-sizes` does not name the model: one
@@ -49,7 +49,7 @@ CPU_DEFAULTS_NOTE = (
 )
 
 _CONTRACT = (
-    "the factory takes no arguments and returns a `ddpgraph.models.Workload`, or a tuple "
+    "the factory takes no arguments and returns a `ddpgraph.app.models.Workload`, or a tuple "
     "`(model, loss, make_batch)` with `loss(outputs, targets) -> Tensor` and "
     "`make_batch(batch_size, generator, device) -> (inputs, targets)`"
 )

@@ -18,9 +18,9 @@ import argparse
 import json
 import sys
 
-from ..console import console
+from ..app.console import console
+from ..app.launch import default_nproc
 from ..errors import usage_error
-from ..launch import default_nproc
 from . import env as env_module
 from .report import build_report, render, render_env
 from .run import run_script, script_exists

@@ -33,7 +33,7 @@ from .observed import StreamInfo, storage_key
 from .recorder import Recorder
 
 # ddpgraph's modules whose decisions the doctor reports (imported before the script runs).
-_DDPGRAPH_MODULES = ("ddpgraph.replay", "ddpgraph.capture", "ddpgraph.evaluation", "ddpgraph.monitor")
+_DDPGRAPH_MODULES = ("ddpgraph.replay", "ddpgraph.capture", "ddpgraph.strategies.evaluation", "ddpgraph.training.monitor")
 
 
 class Instrumentation:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from ..app.launch import torchrun_command
 from ..findings import Location
-from ..launch import torchrun_command
 from ..probe import location_of, user_frame
 from .records import DIR_VARIABLE, RankRecord, RankStatus, read_records, stack_dump_path
 

@@ -9,6 +9,8 @@
 trains like eager. docs/strategies.md says when to use which.
 """
 
+# `capture_step(..., compile=True)` builds its step through the builder this registers.
+from . import compile_switch as compile_switch
 from .auto import AutoStep
 from .base import STRATEGY_NAMES, CaptureOptions, StrategyName, TrainStep
 from .compiled import CompiledStep

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from torch import nn
 from torch.optim import Optimizer
 
+from ..compile_route import register_compiled
 from ..errors import usage_error
 from .base import CaptureOptions, R
 from .compiled import CompiledStep
@@ -45,3 +46,6 @@ def capture_compiled(
             "`make_step(..., strategy='compile', compile_mode=...)`",
         )
     return CompiledStep(fn, model=model, optimizers=optimizers, spec=SPEC, options=options)
+
+
+register_compiled(capture_compiled)

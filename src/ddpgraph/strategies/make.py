@@ -17,7 +17,6 @@ from ..capture import as_optimizers, capture_step
 from ..errors import DdpGraphError, DdpGraphUsageError, usage_error
 from ..findings import Code, Finding
 from ..optim import graph_safe_optimizer
-from ..partial import DEFAULT_TOLERANCE, Grapher
 from ..replay import OnFailure
 from ..streams import can_run_graphs
 from .auto import AutoStep
@@ -26,6 +25,7 @@ from .compiled import CompiledStep
 from .dynamo import CompileSpec, fusion_spec, is_compiled_module, unwrap_compiled
 from .eager import SUMMARY as EAGER_SUMMARY
 from .eager import EagerStep
+from .partial import DEFAULT_TOLERANCE, Grapher
 from .partial_step import SUMMARY as PARTIAL_SUMMARY
 from .partial_step import PartialStep
 from .reduce_overhead import SUMMARY as REDUCE_OVERHEAD_SUMMARY

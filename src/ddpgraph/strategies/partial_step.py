@@ -2,7 +2,7 @@
 
 The first call runs the step eagerly while recording what each submodule of the model
 receives (and, on CUDA, where the host synchronises); right after it, the submodules are
-graphed from those recorded calls (`ddpgraph.partial`). Every later call runs the step
+graphed from those recorded calls (`ddpgraph.strategies.partial`). Every later call runs the step
 eagerly, and the graphed submodules replay inside it. A model whose submodules were
 graphed already with `graph_submodules` is used as it is.
 """
@@ -21,17 +21,11 @@ from ..capture import StepState
 from ..ddp import inner_module, process_group_of
 from ..errors import usage_error
 from ..findings import Code, Finding
-from ..partial import (
-    DEFAULT_TOLERANCE,
-    Grapher,
-    PartialGraphs,
-    PartialReport,
-    graph_recorded,
-    partial_report,
-    record_step,
-)
 from ..streams import can_run_graphs
 from .base import CaptureOptions, R, StepBase, run_eager
+from .partial import DEFAULT_TOLERANCE, Grapher, graph_recorded, partial_report
+from .partial_graphed import PartialGraphs, PartialReport
+from .partial_record import record_step
 
 SUMMARY = (
     "graphs of the largest submodules that capture (forward and backward each); the step, "

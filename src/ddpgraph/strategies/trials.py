@@ -29,10 +29,10 @@ from ..capture import StepState
 from ..diagnose import finding_from_error
 from ..distributed import current_rank
 from ..findings import Code, Finding
-from ..partial import relative_difference
 from ..streams import synchronize
 from ..warmup import MIN_WARMUP_ITERATIONS
 from .base import TrainStep, run_eager
+from .partial_check import relative_difference
 from .trial_snapshot import TrialSnapshot
 
 

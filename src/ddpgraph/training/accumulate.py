@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils import _pytree as pytree
 
-from .errors import usage_error
+from ..errors import usage_error
 
 
 class LossScaler(Protocol):

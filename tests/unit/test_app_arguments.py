@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.distributed.run import get_args_parser
 
-from ddpgraph import cli, demo, launch
+from ddpgraph.app import cli, demo, launch
 from ddpgraph.bench import command as bench
 
 _started: list[list[str]] = []

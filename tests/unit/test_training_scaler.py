@@ -18,14 +18,15 @@ import torch
 from torch import nn
 
 import ddpgraph
-from ddpgraph.amp import GraphSafeGradScaler, _DeviceState, _update_schedule
+from ddpgraph.training.scaler import GraphSafeGradScaler
+from ddpgraph.training.scaler_state import DeviceState, update_schedule
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
 # ------------------------------------------------------------------ the schedule arithmetic
-def _device_state(scale: float, tracker: int, growth: float, backoff: float, interval: int) -> _DeviceState:
-    return _DeviceState(
+def _device_state(scale: float, tracker: int, growth: float, backoff: float, interval: int) -> DeviceState:
+    return DeviceState(
         scale=torch.tensor(scale, dtype=torch.float32),
         growth_tracker=torch.tensor(tracker, dtype=torch.int32),
         skipped_steps=torch.tensor(0, dtype=torch.int64),
@@ -55,7 +56,7 @@ def test_schedule_matches_torch_kernel_bit_for_bit(growth: float, backoff: float
         found = torch.tensor(1.0 if rng.random() < 0.2 else 0.0)
         skipped += int(found.item())
         torch._amp_update_scale_(ref_scale, ref_tracker, found, growth, backoff, interval)
-        _update_schedule(ours, found)
+        update_schedule(ours, found)
         assert torch.equal(ours.scale, ref_scale), (ours.scale, ref_scale)
         assert torch.equal(ours.growth_tracker, ref_tracker)
         assert float(ours.found_inf) == float(found)
@@ -169,7 +170,7 @@ def test_read_reports_skips_with_one_call() -> None:
     scaler = GraphSafeGradScaler(init_scale=8.0, growth_interval=100)
     _train(scaler, OPTIMIZERS["adamw"], steps=5, inject=frozenset({1, 3}))
     stats = scaler.read()
-    assert stats == ddpgraph.amp.ScalerStats(scale=2.0, growth_tracker=1, skipped_steps=2, last_step_skipped=False)
+    assert stats == ddpgraph.training.scaler.ScalerStats(scale=2.0, growth_tracker=1, skipped_steps=2, last_step_skipped=False)
     tensors = scaler.tensors
     assert tensors is not None and float(tensors.scale) == 2.0 and int(tensors.skipped_steps) == 2
 
@@ -218,7 +219,7 @@ def test_state_dict_is_interchangeable_with_torch_grad_scaler() -> None:
     assert theirs.get_scale() == 32.0 and theirs._get_growth_tracker() == 1
     back = GraphSafeGradScaler()
     back.load_state_dict(theirs.state_dict())  # no skipped_steps key: kept
-    assert back.read() == ddpgraph.amp.ScalerStats(32.0, 1, 0, False)
+    assert back.read() == ddpgraph.training.scaler.ScalerStats(32.0, 1, 0, False)
 
 
 def test_load_writes_into_the_live_tensors() -> None:
@@ -231,7 +232,7 @@ def test_load_writes_into_the_live_tensors() -> None:
     after = scaler.tensors
     assert after is not None
     assert all(a is b for a, b in zip(vars(before).values(), vars(after).values(), strict=True))
-    assert scaler.read() == ddpgraph.amp.ScalerStats(4.0, 2, 9, False)
+    assert scaler.read() == ddpgraph.training.scaler.ScalerStats(4.0, 2, 9, False)
     state = scaler._state
     assert state is not None
     assert float(state.growth_factor) == 3.0 and float(state.backoff_factor) == 0.25
@@ -258,7 +259,7 @@ def test_snapshot_puts_state_and_stages_back() -> None:
     scaler.scale(model(torch.ones(1, 8)).sum()).backward()
     scaler.unscale_(opt)  # an iteration left half-done, as by a failed recording
     restore()
-    assert scaler.read() == ddpgraph.amp.ScalerStats(8.0, 0, 0, False)
+    assert scaler.read() == ddpgraph.training.scaler.ScalerStats(8.0, 0, 0, False)
     scaler.unscale_(opt)  # the half-done iteration is forgotten
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import ddpgraph
-from ddpgraph.cli import main
+from ddpgraph.app.cli import main
 
 
 def _exit_code(argv: list[str]) -> int:

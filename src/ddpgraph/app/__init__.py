@@ -1,0 +1,4 @@
+"""The application built on the library: the `ddpgraph` command (`cli`) and its `demo`,
+the built-in models (`models`), the torchrun launcher (`launch`), console output
+(`console`), the commands' argument checks (`arguments`) and the reference training step
+the demo and the benchmark share (`reference_step`)."""
