@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The benchmarks and probes of the GPU machine, one after another (timings must not share
+# the GPU), each under its own time limit so that one slow stage cannot take the rest of
+# a 10-minute call. Logs and JSON under $OUT, one line per stage in $OUT/bench-summary.txt.
+#
+#   scripts/gpu_bench.sh STAGE [STAGE ...]
+#
+# Stages (rough time on one H200):
+#   fidelity         scripts/probes/cpu_emulation_fidelity.py          (< 1 min)
+#   demo             ddpgraph demo                                     (< 1 min)
+#   presets-hf       ddpgraph bench on hf-gpt2, hf-llama, 5 strategies (3-4 min)
+#   presets-vision   ddpgraph bench on timm-vit, tv-resnet50           (3-4 min)
+#   optimizer        scripts/probes/optimizer_variants.py              (about 2 min)
+#   varlen-gpt       scripts/probes/varlen_bench.py --model gpt        (2-3 min)
+#   varlen-gpt2      scripts/probes/varlen_bench.py --model gpt2       (2-3 min)
+#   integrations     scripts/probes/integrations_speed.py, torchrun 1  (1-2 min)
+#   watchdog         scripts/bench_watchdog.py --cuda                  (< 1 min)
+#   overhead         scripts/replay_overhead.py (host time per replay, CPU; with
+#                    OLD_SRC=<dir> also the same script on that source, side by side)
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+LIMIT=${STAGE_TIMEOUT:-300}
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+STRATS=eager,reduce-overhead,recipe,capture_step,capture_step+compile
+
+run() {  # run NAME CMD...: one stage under the time limit, its status in the summary
+  local name=$1; shift
+  local t0=$SECONDS
+  timeout "$LIMIT" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/bench-summary.txt"
+}
+
+for stage in "$@"; do
+  case "$stage" in
+    fidelity) run fidelity python3 scripts/probes/cpu_emulation_fidelity.py ;;
+    demo) run demo ddpgraph demo --json "$OUT/demo.json" ;;
+    presets-hf) run presets-hf ddpgraph bench --model hf-gpt2,hf-llama --batch-sizes 8 --no-data-loader \
+        --strategies "$STRATS" --json "$OUT/presets-hf.json" ;;
+    presets-vision) run presets-vision ddpgraph bench --model timm-vit,tv-resnet50 --batch-sizes 8 \
+        --no-data-loader --strategies "$STRATS" --json "$OUT/presets-vision.json" ;;
+    optimizer) run optimizer python3 scripts/probes/optimizer_variants.py --json "$OUT/optimizer_variants.json" ;;
+    varlen-gpt) run varlen-gpt python3 scripts/probes/varlen_bench.py --model gpt ;;
+    varlen-gpt2) run varlen-gpt2 python3 scripts/probes/varlen_bench.py --model gpt2 ;;
+    integrations) run integrations torchrun --standalone --nproc_per_node=1 scripts/probes/integrations_speed.py ;;
+    watchdog) run watchdog python3 scripts/bench_watchdog.py --cuda ;;
+    overhead)
+      run overhead python3 scripts/replay_overhead.py --calls 500 --rounds 40
+      if [ -n "${OLD_SRC:-}" ]; then
+        PYTHONPATH=$OLD_SRC run overhead-old python3 scripts/replay_overhead.py --calls 500 --rounds 40
+      fi ;;
+    *) echo "unknown stage $stage" | tee -a "$OUT/bench-summary.txt" ;;
+  esac
+done
+cat "$OUT/bench-summary.txt"
