@@ -85,3 +85,15 @@ def test_the_other_arguments_are_checked_first(process_group: Any) -> None:
     ddp, _, fn = _setup()
     with pytest.raises(DdpGraphUsageError, match=r"capture_step\(optimizer=\.\.\.\)"):
         ddpgraph.capture_step(fn, model=ddp, optimizer="adam", compile=True)  # type: ignore[call-overload]
+
+
+def test_the_core_reaches_the_compile_strategy_through_the_builder_it_registered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ddpgraph import compile_route
+
+    assert len(compile_route._BUILDERS) == 1 and compile_route._BUILDERS[0] is compile_switch.capture_compiled
+    monkeypatch.setattr(compile_route, "_BUILDERS", [])
+    ddp, opt, fn = _setup()
+    with pytest.raises(RuntimeError, match=r"registers itself when `ddpgraph\.strategies` is imported"):
+        ddpgraph.capture_step(fn, model=ddp, optimizer=opt, compile=True)

@@ -57,3 +57,22 @@ def test_cpu_model_needs_no_device_ids(process_group: ddpgraph.DistInfo) -> None
 def test_cpu_model_with_a_none_device_id_is_a_usage_error(process_group: ddpgraph.DistInfo) -> None:
     with pytest.raises(ddpgraph.DdpGraphUsageError, match="leave `device_ids` out"):
         ddpgraph.prepare_ddp(nn.Linear(4, 2), device_ids=[process_group.device.index])
+
+
+def test_the_module_inside_ddp_and_its_group_are_read_in_one_place(process_group: object) -> None:
+    from ddpgraph.ddp import inner_module, process_group_of
+
+    plain = nn.Linear(2, 2)
+    ddp = ddpgraph.prepare_ddp(nn.Linear(2, 2))
+    assert inner_module(ddp) is ddp.module and inner_module(plain) is plain
+    assert process_group_of(ddp) is ddp.process_group is not None
+    assert process_group_of(plain) is None
+
+
+def test_graphs_are_possible_only_for_a_cuda_device_with_cuda_usable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpgraph.streams import can_run_graphs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert can_run_graphs(torch.device("cuda", 0)) and not can_run_graphs(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not can_run_graphs(torch.device("cuda", 0))
