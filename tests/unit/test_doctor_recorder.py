@@ -264,7 +264,7 @@ def test_a_view_of_a_live_input_made_inside_the_capture_is_not_freed() -> None:
     s = Setup()
     s.warm_up(11)
     base = torch.randn(3, 5)
-    s.rec.capture_begin(s.graph, CAPTURE_AT, SIDE, lambda: {storage_key(base)})
+    s.rec.capture_begin(s.graph, CAPTURE_AT, SIDE, lambda: {storage_key(base)})  # noqa: F821 (read at capture_begin, before the del below)
     s.iteration(base[:, :-1])
     s.rec.capture_end(s.graph, [])
     for _ in range(3):
