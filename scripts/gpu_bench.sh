@@ -18,12 +18,9 @@
 #   overhead         scripts/replay_overhead.py (host time per replay, CPU; with
 #                    OLD_SRC=<dir> also the same script on that source, side by side)
 set -uo pipefail
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
-export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+# shellcheck source=scripts/gpu_env.sh
+. "$(dirname "$0")/gpu_env.sh"
 LIMIT=${STAGE_TIMEOUT:-300}
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 STRATS=eager,reduce-overhead,recipe,capture_step,capture_step+compile
 
 run() {  # run NAME CMD...: one stage under the time limit, its status in the summary

@@ -8,12 +8,9 @@
 # Timings printed by tests are not comparable across runs of this script: the groups share
 # the GPU and the CPU. Benchmarks run alone (`scripts/gpu_suite.sh bench`).
 set -uo pipefail
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
-export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+# shellcheck source=scripts/gpu_env.sh
+. "$(dirname "$0")/gpu_env.sh"
 LIMIT=${GPU_PARALLEL_TIMEOUT:-480}
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 python3 -c "import torch, sys; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count(), 'python', sys.version.split()[0])" > "$OUT/summary.txt"
 
 declare -A GROUPS_=(

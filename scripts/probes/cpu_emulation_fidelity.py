@@ -152,6 +152,15 @@ def _outcome(case: Case, device: torch.device) -> str:
     return check(graph)
 
 
+def _guarded(case: Case, device: torch.device) -> str:
+    # A case that breaks the process's state (a generator left in capture mode by an
+    # earlier failed capture) shows as its own failing row, not as the end of the table.
+    try:
+        return _outcome(case, device)
+    except Exception as exc:
+        return f"error: {type(exc).__name__}: {str(exc)[:60]}"
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("FAIL: needs CUDA (it compares CUDA graphs with the CPU emulation)")
@@ -160,10 +169,10 @@ def main() -> int:
     rows = []
     for name, case in CASES.items():
         torch.manual_seed(0)
-        on_gpu = _outcome(case, gpu)
+        on_gpu = _guarded(case, gpu)
         torch.cuda.synchronize()
         torch.manual_seed(0)
-        on_cpu = _outcome(case, cpu)
+        on_cpu = _guarded(case, cpu)
         rows.append((name, on_gpu, on_cpu, "PASS" if on_gpu == on_cpu else "FAIL"))
     width = max(len(r[0]) for r in rows)
     print(f"{'case':<{width}}  {'CUDA graph':<40}  {'CPU recording backend':<40}  result")

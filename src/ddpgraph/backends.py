@@ -22,7 +22,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .distributed import current_rank
-from .rng import register_generators
+from .rng import register_generators, release_after_failed_capture
 
 
 class CaptureError(Exception):
@@ -104,6 +104,7 @@ class CudaGraphBackend:
         cause: BaseException | None = None
         end_error: BaseException | None = None
         caller = torch.cuda.current_stream(stream.device)
+        release_generators = release_after_failed_capture(stream.device, generators)
         stream.wait_stream(caller)
         with torch.cuda.stream(stream):
             try:
@@ -113,6 +114,7 @@ class CudaGraphBackend:
                     register_generators(graph, generators)
                 graph.capture_begin(pool=pool, capture_error_mode="global")
             except BaseException as exc:  # capture never started: nothing to end
+                release_generators()
                 raise CaptureError(exc) from exc
             self.capturing = True
             try:
@@ -129,6 +131,7 @@ class CudaGraphBackend:
                     end_error = exc
         caller.wait_stream(stream)
         if cause is not None or end_error is not None:
+            release_generators()
             settle_after_failed_capture(stream.device)
             raise CaptureError(cause, end_error)
         return _CudaGraph(graph, outputs)

@@ -111,14 +111,23 @@ class CapturedStep(FamilySteps[R]):
             self._give_up(summary, warn=summary.code is not Code.NO_CUDA)
         else:
             self._capture_after = max(o.warmup_steps for o in decision.outcomes)
-            # Both agreed on at the probe; adoption rebuilds DDP's reducer on the capture
-            # stream, which every rank now does (none refused above).
+            # Adoption rebuilds DDP's reducer on the capture stream, which every rank now
+            # does (none refused above); whether it took (an accumulator an earlier step's
+            # graph still holds stays on its old stream) is agreed on at once, so that a
+            # refused adoption runs every step eagerly from the first.
+            # (Agreed on every rank, adopting or not: whether a rank adopts is its own.)
+            adopted = None
             if needs_adoption(model, self._stream):
-                self._setup_refusal = apply_adoption(model, self._stream)  # type: ignore[arg-type]
+                adopted = apply_adoption(model, self._stream)  # type: ignore[arg-type]
                 # The rebuilt reducer starts again from iteration 0: it needs the whole
                 # warm-up of a fresh DDP model, whatever ran before.
                 self._capture_after = max(self._capture_after, default_warmup_steps(0))
-            self._setup_refusal = self._setup_refusal or self._optim.prepare()
+            took = [adopted] if adopted else []
+            outcome = self._decide(Outcome(current_rank(), not took, took, warmup_steps=self._capture_after))
+            if not outcome.ok:
+                self._give_up(self._summarise(outcome))
+            self._capture_after = max(o.warmup_steps for o in outcome.outcomes)
+            self._setup_refusal = self._optim.prepare()
         self._install_load_hooks()
         # Last: it registers `close` to run at interpreter exit, before the process group goes.
         self._watchdog = watch_replays(
@@ -183,9 +192,11 @@ class CapturedStep(FamilySteps[R]):
             out = self._eager(staged, spec)
         self.stats.warmup_steps += 1
         self._probed = True
+        # A hyper-parameter the step changed comes first: a scheduler stepped inside the
+        # step also synchronises reading the mirrored tensors, and moving it is the fix.
         # A synchronisation inside a library is left to the capture to judge: libraries
         # that test for a capture skip it there (see `ProbeResult.findings`).
-        findings = probe.findings(defer_library=True) + self._optim.changed_by_step(hyper) + watch.findings()
+        findings = self._optim.changed_by_step(hyper) + probe.findings(defer_library=True) + watch.findings()
         self._library_syncs = probe.deferred()
         if self._library_syncs:
             log.info("a library synchronised in the probe step; the capture will tell: %s", self._library_syncs[0].format())
@@ -310,10 +321,11 @@ class CapturedStep(FamilySteps[R]):
         return ddp_tools.will_sync_buffers(self._model) is not record.buffer_sync
 
     def _policy_after_replay(self, record: Captured) -> None:
-        if isinstance(self._model, DDP):
-            # A replay runs no Python. DDP's forward leaves this flag set, and it decides
-            # whether the next forward broadcasts buffers; an eval forward in between
-            # clears it, which would make that eval skip the broadcast eager training does.
+        # A replay runs no Python. DDP's forward leaves this flag set, and it decides
+        # whether the next forward broadcasts buffers; an eval forward in between clears
+        # it, which would make that eval skip the broadcast eager training does. (Read
+        # first: a plain attribute read, where nn.Module's __setattr__ is slow.)
+        if isinstance(self._model, DDP) and self._model.require_forward_param_sync is not record.forward_sync:
             self._model.require_forward_param_sync = record.forward_sync
         if self._watchdog is not None:
             self._watchdog.after_replay()

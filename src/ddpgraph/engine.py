@@ -46,13 +46,11 @@ from .inputs import Signature, StaticInputs, flatten_call, leaf_paths
 from .options import CaptureOptions
 from .probe import host_sync_probe
 from .replay import Recording, UnservedCalls, fall_back, run_eager_call
-from .step_record import Captured, Report, StepState, StepStats
+from .step_record import Attempt, Captured, Report, StepState, StepStats
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
 _Self = TypeVar("_Self", bound="CaptureEngine[Any]")
-
-
 
 
 class CaptureEngine(Generic[R]):
@@ -237,18 +235,17 @@ class CaptureEngine(Generic[R]):
         return self._eager(leaves, spec)
 
     # ----------------------------------------------------------------- capture
-    def _record_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
-        """Record the step on the static inputs, agree, then replay it at once (this
-        call's step) or put everything back and continue eagerly, on every rank."""
+    def _attempt(self, leaves: list[Any], spec: Any, pool: Any, ran: list[Any] | None = None) -> Attempt:
+        """Record the step on static copies of this call's inputs (the one recording path
+        of first captures and added graphs); `ran` gets the step's result when the
+        backend runs it while recording."""
         backend = self._backend
         assert backend is not None, "a step without a backend never records"
-        buffer_sync = ddp_tools.will_sync_buffers(self._model)
         static = StaticInputs(leaves, spec, self._device)
         after_stand_in, after_failure = self._policy_undo()
         static_args, static_kwargs = static.call_args()
         graph: CapturedGraph | None = None
         start = time.perf_counter()
-        restore_forward_sync = ddp_tools.keep_forward_sync(self._model)
         # Warnings raised while recording tell some causes apart (DDP's stream warning; the
         # host syncs that sync debug mode reports, which CUDA reports only as an invalidated
         # capture). The probe covers the step alone, not ddpgraph's own capture setup.
@@ -257,39 +254,58 @@ class CaptureEngine(Generic[R]):
         def record() -> Any:
             with host_sync_probe(enabled=isinstance(backend, CudaGraphBackend)) as probe, self._policy_running("record"):
                 try:
-                    return self._fn(*static_args, **static_kwargs)
+                    result = self._fn(*static_args, **static_kwargs)
                 finally:
                     syncs.extend(probe.events)
+            if ran is not None:
+                ran.append(result)
+            return result
 
         extra = {"generators": list(self._options.generators)} if self._options.generators else {}
+        outcome = Outcome(current_rank(), True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 with self._policy_running("capture"):
-                    graph = backend.capture(record, stream=self._stream, pool=self._options.pool, **extra)
-                problem = self._policy_recording_problem()
-                outcome = Outcome(current_rank(), problem is None, [problem] if problem else [], action=Action.EAGER)
+                    graph = backend.capture(record, stream=self._stream, pool=pool, **extra)
             except CaptureError as err:
                 finding = self._policy_explain(finding_from_capture_error(err, [str(w.message) for w in caught], syncs))
                 stuck = not ddp_tools.reducer_finalized(self._model)
                 outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
         for w in caught:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        elapsed = time.perf_counter() - start
+        return Attempt(graph, static, outcome, after_stand_in, after_failure, time.perf_counter() - start)
+
+    def _hold(self, attempt: Attempt, buffer_sync: bool, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Captured:
+        """A recording that succeeded, with its signature, the model's mode and DDP flags."""
+        assert attempt.graph is not None
+        signature = Signature(leaves, spec, leaf_paths(args, kwargs))
+        recording: Recording[Any] = Recording(attempt.graph, attempt.static, signature, self._options.clone_outputs)
+        forward_sync = bool(getattr(self._model, "require_forward_param_sync", True))
+        self.stats.captures += 1
+        self.stats.capture_seconds = attempt.seconds
+        return Captured(recording, self._model.training, forward_sync, buffer_sync)
+
+    def _record_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+        """Record the step on the static inputs, agree, then replay it at once (this
+        call's step) or put everything back and continue eagerly, on every rank."""
+        buffer_sync = ddp_tools.will_sync_buffers(self._model)
+        restore_forward_sync = ddp_tools.keep_forward_sync(self._model)
+        attempt = self._attempt(leaves, spec, self._options.pool)
+        graph, outcome = attempt.graph, attempt.outcome
+        if graph is not None:
+            problem = self._policy_recording_problem()
+            outcome = Outcome(current_rank(), problem is None, [problem] if problem else [], action=Action.EAGER)
         decision = self._decide(outcome)
         if decision.ok and graph is not None:
-            if backend.executes_during_capture:
-                after_stand_in()
-            signature = Signature(leaves, spec, leaf_paths(args, kwargs))
-            recording: Recording[Any] = Recording(graph, static, signature, self._options.clone_outputs)
-            forward_sync = bool(getattr(self._model, "require_forward_param_sync", True))
-            self._record = Captured(recording, self._model.training, forward_sync, buffer_sync)
+            assert self._backend is not None
+            if self._backend.executes_during_capture:
+                attempt.after_stand_in()
+            self._record = self._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
             self._policy_captured()
             self._state = StepState.CAPTURED
             self._since_decision = 0
-            self.stats.captures += 1
-            self.stats.capture_seconds = elapsed
-            log.info("captured the step in %.3f s on rank %d", elapsed, current_rank())
+            log.info("captured the step in %.3f s on rank %d", attempt.seconds, current_rank())
             return self._policy_first_replay(self._record, leaves, spec)
         if graph is not None:
             graph.release()
@@ -298,7 +314,7 @@ class CaptureEngine(Generic[R]):
             # Every rank resets together: the reset makes the next backward rebuild
             # buckets, with a collective.
             ddp_tools.reset_reducer(self._model)
-        after_failure()
+        attempt.after_failure()
         self._give_up(self._summarise(decision))
         self.stats.eager_steps += 1
         return self._eager(leaves, spec)

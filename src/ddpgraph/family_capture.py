@@ -33,8 +33,6 @@ ranks keep their graphs.
 
 from __future__ import annotations
 
-import time
-import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -42,13 +40,10 @@ import torch
 from torch.utils._pytree import tree_map
 
 from . import ddp as ddp_tools
-from .agreement import Action, Outcome
-from .backends import CapturedGraph, CaptureError
-from .diagnose import finding_from_capture_error
+from .agreement import Outcome
 from .distributed import current_rank
 from .engine import CaptureEngine
-from .inputs import Signature, StaticInputs, leaf_paths
-from .replay import Recording, fall_back
+from .replay import fall_back
 from .step_record import Captured
 
 R = TypeVar("R")
@@ -66,41 +61,21 @@ def add_graph_call(
     runs = backend.executes_during_capture
     outcome = Outcome(current_rank(), True)
     out: list[R] = []
-    graph: CapturedGraph | None = None
-    static: StaticInputs | None = None
     captured: Captured | None = None
     after_failure: Callable[[], None] = _nothing
-    buffer_sync = ddp_tools.will_sync_buffers(step._model)
-    start = time.perf_counter()
     if adding:
-        static = StaticInputs(leaves, spec, step._device)
-        _, after_failure = step._policy_undo()
-        static_args, static_kwargs = static.call_args()
-
-        def record() -> Any:
-            with step._policy_running("record"):
-                result = step._fn(*static_args, **static_kwargs)
-            out.append(result)  # with a backend that runs it, this is the call's step
-            return result
-
-        extra = {"generators": list(step._options.generators)} if step._options.generators else {}
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                with step._policy_running("capture"):
-                    graph = backend.capture(record, stream=step._stream, pool=step._family.pool, **extra)
-            except CaptureError as err:
-                finding = finding_from_capture_error(err, [str(w.message) for w in caught])
-                stuck = not ddp_tools.reducer_finalized(step._model)
-                outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
+        buffer_sync = ddp_tools.will_sync_buffers(step._model)
+        # With a backend that runs it, the recording is this call's step (`out`).
+        attempt = step._attempt(leaves, spec, step._family.pool, ran=out)
+        outcome, after_failure = attempt.outcome, attempt.after_failure
         if not runs:
             out.clear()  # recorded, not run: the call's step is the replay below
+        if attempt.graph is not None:
+            captured = step._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
+            step._family.add(captured)
+            step._record = captured
     elif runs:
         out.append(serve())
-    if graph is not None:
-        assert static is not None
-        captured = _hold(step, graph, static, buffer_sync, args, kwargs, leaves, spec)
-        step.stats.capture_seconds = time.perf_counter() - start
     decision = step._decide(outcome)
     if not decision.ok:
         fall_back(decision.summary(), "eager", continues=_FAILED, stacklevel=4)
@@ -112,7 +87,7 @@ def add_graph_call(
         step._give_up(step._summarise(decision))
     elif not adding:
         return out[0] if out else serve()
-    elif graph is None:
+    elif captured is None:
         step._family.failed()
         if out:  # the stand-in ran the step before its recording was refused
             return out[0]
@@ -130,22 +105,6 @@ def _outputs(step: CaptureEngine[R], result: R) -> R:
     if step._options.clone_outputs:
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, result)  # type: ignore[no-any-return]
     return result
-
-
-def _hold(
-    step: CaptureEngine[R], graph: CapturedGraph, static: StaticInputs, buffer_sync: bool,
-    args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any,
-) -> Captured:
-    captured = Captured(
-        Recording(graph, static, Signature(leaves, spec, leaf_paths(args, kwargs)), step._options.clone_outputs),
-        step._model.training,
-        bool(getattr(step._model, "require_forward_param_sync", True)),
-        buffer_sync,
-    )
-    step._family.add(captured)
-    step._record = captured
-    step.stats.captures += 1
-    return captured
 
 
 class FamilySteps(CaptureEngine[R]):

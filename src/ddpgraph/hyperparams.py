@@ -65,10 +65,15 @@ class _Slot:
         # One object, so that an identity check tells it from a value assigned meanwhile.
         self.packed: Any = tuple(self.tensors) if self.is_tuple else self.tensors[0]
         self.versions = [-1] * len(self.tensors)
+        # The last value filled that holds only numbers: the same object again (the usual
+        # replay, where nothing assigned the key) needs no look at all.
+        self._synced: Any = _MISSING
         self.sync(value)
 
     def sync(self, value: Any) -> bool:
         """Write `value` into the tensors; False when it has another form (frozen)."""
+        if value is self._synced:
+            return True
         if self.is_tuple:
             if not isinstance(value, (tuple, list)) or len(value) != len(self.tensors):
                 return False
@@ -90,6 +95,7 @@ class _Slot:
                     target.fill_(v)
                     self.filled[i] = v
                 self.versions[i] = target._version
+        self._synced = value if all(is_number(v) for v in values) else _MISSING
         return True
 
     def read_back(self, given: Any) -> Any:
@@ -105,6 +111,7 @@ class _Slot:
             if is_number(v) and t.item() != torch.tensor(float(v), dtype=t.dtype).item():
                 values[i] = t.item()
                 self.filled[i] = values[i]
+                self._synced = _MISSING
                 changed = True
         if not changed:
             return given
@@ -192,7 +199,7 @@ class HyperparamMirror:
     def freeze(self) -> None:
         """Remember the values the graph holds as Python numbers (at capture)."""
         self._frozen = [
-            {k: group[k] for k in self._frozen_keys(group, slots, dict(support.flags))}
+            {k: group[k] for k in self._frozen_keys(group, slots, support)}
             for group, slots, support in zip(self.optimizer.param_groups, self.slots, self.supports, strict=True)
         ]
 
@@ -214,10 +221,12 @@ class HyperparamMirror:
                     changes.append(HyperparamChange(i, key, before, after, False))
         return changes
 
-    def _frozen_keys(self, group: dict[str, Any], slots: dict[str, _Slot], flags: dict[str, Any]) -> list[str]:
+    def _frozen_keys(self, group: dict[str, Any], slots: dict[str, _Slot], support: KernelSupport) -> list[str]:
         # The flags the graph-safe mode sets are the same in every step it runs, whatever
-        # the user's (or a loaded checkpoint's) own values are.
-        return [k for k in hyperparameter_keys(self.optimizer, group) if k not in slots and k not in flags]
+        # the user's (or a loaded checkpoint's) own values are; a value only the first
+        # step reads (captures come after it) no step after it reads either.
+        skip = {*slots, *dict(support.flags), *support.first_step_only}
+        return [k for k in hyperparameter_keys(self.optimizer, group) if k not in skip]
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -36,6 +36,9 @@ class KernelSupport:
     flags: tuple[tuple[str, Any], ...]  # the graph-safe mode's param-group flags
     tensor_keys: tuple[str, ...]  # read from device tensors by the graph-safe kernel
     host_state: tuple[str, ...]  # 0-dim state the plain mode keeps on the CPU
+    # Read only by the first step, to initialise state (Rprop's `lr` sets its step
+    # sizes): a later change reaches eager training no more than a replay.
+    first_step_only: tuple[str, ...] = ()
 
 
 def capture_support(optimizer: Optimizer) -> str | None:
@@ -132,7 +135,24 @@ def _probe(
             continue
         if torch.allclose(got, expected, rtol=1e-3, atol=1e-6):
             accepted.append(name)
-    return KernelSupport(tuple(flags.items()), tuple(accepted), host_state)
+    first_only = tuple(n for n in candidates if n not in accepted and _first_step_only(cls, safe, n, device, dtype))
+    return KernelSupport(tuple(flags.items()), tuple(accepted), host_state, first_only)
+
+
+def _first_step_only(cls: type[Optimizer], options: dict[str, Any], name: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a third step lands on exactly the same bits with `name` changed before it."""
+    try:
+        same = _two_steps(cls, options, (), device, dtype, third={})
+        changed = _two_steps(cls, options, (), device, dtype, third={name: _other(options[name])})
+    except Exception:
+        return False
+    return torch.equal(same, changed)
+
+
+def _other(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return tuple(_other(v) for v in value)
+    return float(value) * 0.5 + 0.1
 
 
 def _as_tensors(value: Any, device: torch.device) -> Any:
@@ -142,14 +162,23 @@ def _as_tensors(value: Any, device: torch.device) -> Any:
 
 
 def _two_steps(
-    cls: type[Optimizer], options: dict[str, Any], as_tensor: tuple[str, ...], device: torch.device, dtype: torch.dtype
+    cls: type[Optimizer],
+    options: dict[str, Any],
+    as_tensor: tuple[str, ...],
+    device: torch.device,
+    dtype: torch.dtype,
+    third: dict[str, Any] | None = None,
 ) -> torch.Tensor:
+    """The parameter after two steps; with `third`, after a third one with those
+    values put into the param group first."""
     given = {k: (_as_tensors(v, device) if k in as_tensor else v) for k, v in options.items()}
     param = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 4, device=device, dtype=dtype))
-    grads = [torch.linspace(0.5, -0.5 * i, 4, device=device, dtype=dtype) for i in (1, 2)]
+    grads = [torch.linspace(0.5, -0.5 * i, 4, device=device, dtype=dtype) for i in (1, 2, 3)]
     opt = cls([param], **given)
     with _quiet(), _no_host_reads(device, enabled=bool(as_tensor)):
-        for grad in grads:
+        for i, grad in enumerate(grads if third is not None else grads[:2]):
+            if i == 2 and third:
+                opt.param_groups[0].update(third)
             param.grad = grad
             opt.step()
     return param.detach().float().cpu()

@@ -9,7 +9,7 @@ constructor's agreement, so that a value wrong on one rank only makes every rank
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -71,24 +71,9 @@ class CaptureOptions:
 
     def kwargs(self, **override: Any) -> dict[str, Any]:
         """As `capture_step` keyword arguments."""
-        out: dict[str, Any] = {
-            "warmup_steps": self.warmup_steps,
-            "on_failure": self.on_failure,
-            "on_input_change": self.on_input_change,
-            "clone_outputs": self.clone_outputs,
-            "stream": self.stream,
-            "pool": self.pool,
-            "backend": self.backend,
-            "generators": tuple(self.generators),
-            "scaler": self.scaler,
-            "agree_every": self.agree_every,
-            "replay_timeout": self.replay_timeout,
-            "on_replay_timeout": self.on_replay_timeout,
-            "max_graphs": self.max_graphs,
-            "beyond_max_graphs": self.beyond_max_graphs,
-            "parity": self.parity,
-            **self.extra,
-        }
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out["generators"] = tuple(self.generators)
+        out.update(self.extra)
         out.update(override)
         return out
 

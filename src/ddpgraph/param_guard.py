@@ -2,7 +2,8 @@
 
 A graph reads and writes the parameter storage it was recorded with, and computes a
 gradient for every parameter that required one. Seen before the next replay, at the
-cost of two passes over the parameter list in C (`map`), no Python loop:
+cost of two passes over the parameter list in C (`map`, or one C++ call for the
+pointers where the build has it), no Python loop:
 
 * a parameter whose storage moved: `param.data = ...`, `model.half()`, `.to(dtype)`,
   `load_state_dict(..., assign=True)` (the graph would write freed memory);
@@ -26,18 +27,29 @@ from .findings import Code, Finding
 from .step_record import Report
 
 _requires_grad = attrgetter("requires_grad")
+# The C method itself: `torch.Tensor.data_ptr` adds a Python-level lookup per call.
+_data_ptr = torch._C.TensorBase.data_ptr if hasattr(torch._C, "TensorBase") else torch.Tensor.data_ptr
+# CUDA builds compare a whole list of pointers in one C++ call (what inductor's graph
+# trees check their static inputs with); elsewhere, one map over the parameters.
+_ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
 class ParamLayout:
     def __init__(self, model: nn.Module) -> None:
         self._params = list(model.parameters())
-        self._ptrs = list(map(torch.Tensor.data_ptr, self._params))
+        self._ptrs = list(map(_data_ptr, self._params))
         self._grads = list(map(_requires_grad, self._params))
+        self._indices = list(range(len(self._params)))
 
     def check(self) -> Report | None:
-        if list(map(torch.Tensor.data_ptr, self._params)) == self._ptrs and list(map(_requires_grad, self._params)) == self._grads:
+        if self._same_storage() and list(map(_requires_grad, self._params)) == self._grads:
             return None
         return Report(self._describe(), Action.RECAPTURE)
+
+    def _same_storage(self) -> bool:
+        if _ptrs_equal is not None:
+            return bool(_ptrs_equal(self._params, self._ptrs, self._indices))
+        return list(map(_data_ptr, self._params)) == self._ptrs
 
     def replaced(self, model: nn.Module) -> Report | None:
         """After `model.load_state_dict`: whether it put new parameter objects in place."""

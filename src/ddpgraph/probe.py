@@ -72,7 +72,13 @@ class ProbeResult:
 
     @staticmethod
     def _in_library(event: SyncEvent, finding: Finding) -> bool:
-        return finding.code is Code.HOST_SYNC_IN_CAPTURE and library_call(event.stack, user_frame(event.stack)) is not None
+        # The innermost frame that is neither torch, ddpgraph nor generated code decides:
+        # a library's, also when no user frame called it (the step is ddpgraph's own, as
+        # in `ddpgraph bench`, or a framework's).
+        if finding.code is not Code.HOST_SYNC_IN_CAPTURE:
+            return False
+        own = [f for f in event.stack if not f.filename.startswith("<") and not is_platform(f.filename)]
+        return bool(own) and is_installed_library(own[-1].filename)
 
 
 @contextmanager

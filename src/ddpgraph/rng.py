@@ -81,3 +81,24 @@ def keep_states(generators: Sequence[torch.Generator]) -> Callable[[], None]:
             g.set_state(state)
 
     return restore
+
+
+def release_after_failed_capture(device: torch.device, generators: Sequence[torch.Generator]) -> Callable[[], None]:
+    """A function that takes the generators a capture on `device` draws from (the default
+    one and `generators`) out of capture mode: call it when the capture fails.
+
+    A capture whose end raises (an invalidated recording) leaves its generators in
+    capture mode, and every later eager draw from them (dropout, `torch.randn`) fails
+    with "Offset increment outside graph capture encountered unexpectedly". Their state
+    from before the capture, with its seed and offset, is where eager training stands.
+    """
+    every = [torch.cuda.default_generators[device.index or 0], *generators]
+    if not all(hasattr(g, "clone_state") and hasattr(g, "graphsafe_set_state") for g in every):
+        return lambda: None
+    saved = [(g, g.clone_state()) for g in every]
+
+    def release() -> None:
+        for g, state in saved:
+            g.graphsafe_set_state(state)
+
+    return release

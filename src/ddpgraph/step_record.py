@@ -6,6 +6,7 @@ and the guards, which must not depend on the engine itself.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,8 +14,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .agreement import Action
+from .agreement import Action, Outcome
+from .backends import CapturedGraph
 from .findings import Finding
+from .inputs import StaticInputs
 from .replay import Recording
 
 __all__ = ["Captured", "Report", "StepState", "StepStats", "has_peers"]
@@ -69,3 +72,17 @@ class Captured:
     forward_sync: bool
     buffer_sync: bool
     policy: Any = field(default=None)  # the step's own record (its guards)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One recording of the step on static copies of a call's inputs, before the ranks
+    agree on it: the graph (None when it failed), this rank's outcome, and how to put
+    the training state back after a stand-in's recording or a failure."""
+
+    graph: CapturedGraph | None
+    static: StaticInputs
+    outcome: Outcome
+    after_stand_in: Callable[[], None]
+    after_failure: Callable[[], None]
+    seconds: float

@@ -31,6 +31,7 @@ ALL_NAMES = [
     "float_lr_assignment",
     "momentum_schedule",
     "stream_usage",
+    "failed_capture_with_dropout",
     "fail_one_rank_in_forward",
 ]
 # Read only by the tests marked two_ranks: one rank failing alone, one rank's odd batch.
@@ -152,3 +153,12 @@ def test_eager_steps_on_the_capture_stream_match_plain_ddp(results: dict[str, li
         print(f"rank {r['rank']}: loss differences against plain DDP: {r}")
         assert r["plain_again"] == 0, "plain DDP is not deterministic run to run"
         assert r["capture_stream_eager"] == 0
+
+
+def test_a_failed_capture_leaves_dropout_working_and_training_eager(results: dict[str, list[dict[str, Any]]]) -> None:
+    # Before: "Offset increment outside graph capture encountered unexpectedly" at the
+    # first eager step after the failed capture.
+    for r in ok(results["failed_capture_with_dropout"]):
+        assert r["error"] is None, r
+        assert r["state"] == "eager" and r["code"] == "HOST_SYNC_IN_CAPTURE", r
+        assert r["param_rel_diff"] == 0 and r["loss_rel_diff"] == 0, r

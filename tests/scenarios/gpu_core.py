@@ -334,6 +334,49 @@ def fail_one_rank_after_backward(info: DistInfo) -> dict[str, Any]:
     }
 
 
+def failed_capture_with_dropout(info: DistInfo) -> dict[str, Any]:
+    """A capture that CUDA invalidates (a sync only while recording, on every rank) in a
+    step with dropout: the eager steps after it draw from the default generator, which
+    the failed capture must leave out of capture mode, at the offset eager training has."""
+    batches = _mlp_batches(info, 20)
+    make = lambda p: torch.optim.AdamW(p, lr=1e-3)  # noqa: E731
+
+    def dropout_step(ddp: nn.Module, opt: torch.optim.Optimizer, fail: bool):
+        def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(F.dropout(ddp(x), 0.2, training=True), y)
+            loss.backward()
+            if fail and torch.cuda.is_current_stream_capturing():
+                loss.item()
+            opt.step()
+            return loss.detach()
+
+        return train_step
+
+    ddp = DDP(_mlp(info), device_ids=[info.device.index])
+    opt = make(ddp.parameters())
+    step = harness.with_same_settings(opt, dropout_step(ddp, opt, False), info.device)
+    torch.manual_seed(1)
+    ref_losses = [float(step(x, y)) for x, y in batches]
+    ref_params = harness.params_of(ddp)
+    ddp = ddpgraph.prepare_ddp(_mlp(info), device_ids=[info.device.index])
+    opt = make(ddp.parameters())
+    torch.manual_seed(1)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        captured = ddpgraph.capture_step(dropout_step(ddp, opt, True), model=ddp, optimizer=opt)
+        try:
+            losses = [float(captured(x, y)) for x, y in batches]
+        except RuntimeError as exc:
+            return {**_summary(captured), "error": str(exc)[:300]}
+    return {
+        **_summary(captured),
+        "error": None,
+        "loss_rel_diff": harness.loss_rel_diff(ref_losses, losses),
+        "param_rel_diff": harness.rel_diff(ref_params, harness.params_of(ddp)),
+    }
+
+
 def fail_one_rank_in_forward(info: DistInfo) -> dict[str, Any]:
     """The last rank fails before any collective is recorded, the others record the
     all-reduce: the NCCL communicators must still pair up for the eager steps after."""
@@ -520,6 +563,7 @@ REGISTRY = {
     "float_lr_assignment": float_lr_assignment,
     "momentum_schedule": momentum_schedule,
     "stream_usage": stream_usage,
+    "failed_capture_with_dropout": failed_capture_with_dropout,
     # Last: if NCCL cannot pair up after this failure, only this scenario is lost.
     "fail_one_rank_in_forward": fail_one_rank_in_forward,
 }

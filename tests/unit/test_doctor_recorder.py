@@ -263,15 +263,15 @@ def test_a_view_of_a_live_input_made_inside_the_capture_is_not_freed() -> None:
     # with the capture, its storage does not.
     s = Setup()
     s.warm_up(11)
-    base = torch.randn(3, 5)
-    s.rec.capture_begin(s.graph, CAPTURE_AT, SIDE, lambda: {storage_key(base)})  # noqa: F821 (read at capture_begin, before the del below)
-    s.iteration(base[:, :-1])
+    batch = [torch.randn(3, 5)]
+    s.rec.capture_begin(s.graph, CAPTURE_AT, SIDE, lambda: {storage_key(batch[0])})
+    s.iteration(batch[0][:, :-1])
     s.rec.capture_end(s.graph, [])
     for _ in range(3):
-        base.copy_(torch.randn(3, 5))
+        batch[0].copy_(torch.randn(3, 5))
         s.rec.replay(s.graph, lambda: REPLAY_AT)
     assert s.rec.findings == []
-    del base  # the storage itself goes: now it is freed
+    batch.clear()  # the storage itself goes: now it is freed
     s.rec.replay(s.graph, lambda: REPLAY_AT)
     [finding] = s.rec.findings
     assert finding.code is Code.STATIC_INPUT_CHANGED and "freed" in finding.happened

@@ -131,6 +131,41 @@ def test_the_flags_the_mode_sets_are_not_frozen_values() -> None:
     assert [c.key for c in mirror.frozen_changes()] == ["amsgrad"]
 
 
+def test_a_value_only_the_first_step_reads_is_found_by_trying_and_not_frozen() -> None:
+    # Rprop reads `lr` once, to initialise its step sizes: a schedule on it changes
+    # neither eager training nor a replay, so it must not drop the graph.
+    from ddpgraph.kernel_support import _first_step_only
+
+    rprop = {"lr": 0.01, "etas": (0.5, 1.2), "step_sizes": (1e-6, 50.0), "foreach": False}
+    assert _first_step_only(torch.optim.Rprop, rprop, "lr", CPU, torch.float32)
+    assert not _first_step_only(torch.optim.Rprop, rprop, "etas", CPU, torch.float32)
+    adamw = {"lr": 0.01, "weight_decay": 0.0, "eps": 1e-8, "foreach": False}
+    assert not any(_first_step_only(torch.optim.AdamW, adamw, k, CPU, torch.float32) for k in ("lr", "weight_decay", "eps"))
+    opt = torch.optim.Rprop(_params(), lr=0.01)
+    mirror = HyperparamMirror(opt, [KernelSupport((), (), (), ("lr",))], CPU)
+    mirror.freeze()
+    opt.param_groups[0]["lr"] = 0.005
+    assert mirror.frozen_changes() == []
+    opt.param_groups[0]["etas"] = (0.4, 1.2)
+    assert [c.key for c in mirror.frozen_changes()] == ["etas"]
+
+
+def test_the_same_value_object_again_is_not_looked_at() -> None:
+    opt = torch.optim.AdamW(_params(), lr=0.1)
+    mirror = _mirror(opt)
+    [tensor] = mirror.slots[0]["lr"].tensors
+    tensor.fill_(7.0)  # a sentinel, as above
+    assert mirror.sync() == []
+    assert tensor.item() == 7.0
+    lr = torch.tensor(0.3)  # a tensor value is copied every time: it may change in place
+    opt.param_groups[0]["lr"] = lr
+    assert mirror.sync() == []
+    lr.fill_(0.4)
+    assert mirror.sync() == [] and tensor.item() == pytest.approx(0.4)
+    opt.param_groups[0]["lr"] = 0.25
+    assert mirror.sync() == [] and tensor.item() == pytest.approx(0.25)
+
+
 def test_scheduler_keys_are_not_hyperparameters() -> None:
     opt = torch.optim.SGD(_params(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=20)

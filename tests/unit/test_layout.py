@@ -124,7 +124,7 @@ def _classes() -> list[tuple[str, str, int]]:
 
 # Over the class limit today and being split where it is edited; strict, so that this
 # entry has to go once it is split.
-_SPLIT_PENDING = {("engine.py", "CaptureEngine")}
+_SPLIT_PENDING = {("engine.py", "CaptureEngine"), ("captured_step.py", "CapturedStep")}
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))

@@ -200,3 +200,21 @@ def test_the_probe_leaves_a_librarys_sync_to_the_capture(installed: dict[str, An
     [deferred] = probe.deferred()
     assert "calls into fakelib" in deferred.happened
     assert len(probe.findings()) == 2  # during or after a capture, both count
+
+
+def test_a_librarys_sync_is_left_to_the_capture_when_the_step_is_ddpgraphs_own(installed: dict[str, Any]) -> None:
+    # `ddpgraph bench` and the integrations run a step ddpgraph wrote around a library's
+    # model: no frame of the user's is on the stack, and the sync is still the library's.
+    import torch
+
+    from ddpgraph.code_origin import is_installed_library, is_platform
+    from ddpgraph.probe import ProbeResult, SyncEvent
+
+    installed["usernet"].Net()(torch.ones(2))
+    library_stack, setting = installed["fakelib.ops"].seen[-1]
+    no_user = [f for f in library_stack if is_platform(f.filename) or is_installed_library(f.filename)]
+    assert no_user and len(no_user) < len(library_stack)
+    probe = ProbeResult([SyncEvent(no_user, setting)])
+    assert probe.findings(defer_library=True) == []
+    [deferred] = probe.deferred()
+    assert deferred.code is Code.HOST_SYNC_IN_CAPTURE
