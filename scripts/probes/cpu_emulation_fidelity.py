@@ -125,6 +125,7 @@ CASES: dict[str, Case] = {
     "bincount": _host_read(lambda t: torch.bincount((t > 0).long())),
     "masked_fill (no read)": _mask_fill,
     "t[mask] = 0": _mask_assign,
+    "index_put_(mask, accumulate=True)": _host_read(lambda t: t.clone().index_put_((t > 0,), torch.tensor(1.0), accumulate=True)),
     "float lr changed after capture": _float_lr,
     "dropout across replays": _dropout_fresh,
     "in-place update, before and after replays": _nothing_until_replay,

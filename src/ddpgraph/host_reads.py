@@ -81,9 +81,22 @@ def op_host_read(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dic
         return f"`{func}` without `output_size`"
     if name in _MASK_INDEX_OPS:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        if any(t.dtype in _MASK_DTYPES for t in tensors_in(indices or ())):
+        if any(t.dtype in _MASK_DTYPES for t in tensors_in(indices or ())) and not _becomes_masked_fill(name, args, kwargs):
             return f"`{func}` with a boolean mask (it computes `nonzero` of the mask)"
     return None
+
+
+def _becomes_masked_fill(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """`t[mask] = 0.0`: PyTorch runs an assignment of one host value through one mask on
+    the tensor's device as `masked_fill_`, which reads nothing on the host."""
+    if name == "aten::index" or len(args) < 3:
+        return False
+    self, indices, value = args[0], args[1], args[2]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    if accumulate or not isinstance(value, torch.Tensor) or value.numel() != 1 or value.device.type != "cpu":
+        return False
+    given = [t for t in (indices or ()) if t is not None]
+    return len(given) == 1 and given[0].dtype in _MASK_DTYPES and given[0].device == self.device
 
 
 def method_host_read(func: Any) -> str | None:

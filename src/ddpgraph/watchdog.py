@@ -60,6 +60,8 @@ ReplayTimeout = float | Literal["group"] | None
 EXIT_CODE = 86  # the exit status of a process the watchdog ended
 EXIT_GRACE_S = 30.0
 _indices = itertools.count()
+# The current stream's CUDA handle, without building a Stream object (CUDA builds only).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _SAVE_CODE = torch.serialization.save.__code__
 
 
@@ -155,6 +157,7 @@ class ReplayWatchdog:
         device = device or torch.device("cpu")
         self._device = device
         self._cuda = can_run_graphs(device)
+        self._stream: Any = None  # the stream of the last replay (`_current_stream`)
         self._clock = clock
         self._new_event = event_factory or event_factory_for(device)
         wait = timeout_s or 1.0
@@ -190,7 +193,7 @@ class ReplayWatchdog:
         self.replays += 1
         event = self._spare.pop() if self._spare else self._new_event()
         if stream is None and self._cuda:
-            stream = torch.cuda.current_stream(self._device)
+            stream = self._current_stream()
         event.record(stream)
         self._pending.append((self.replays, self._clock(), event))
         if self._thread is None:
@@ -202,6 +205,16 @@ class ReplayWatchdog:
                 daemon=True,
             )
             self._thread.start()
+
+    def _current_stream(self) -> Any:
+        # `torch.cuda.current_stream` builds a Stream object on every call, a good part
+        # of this method's cost: the one of the last replay serves while the device's
+        # current stream (a raw handle, cheap to read where the build exposes it) is the same.
+        raw = _raw_stream(self._device.index or 0) if _raw_stream is not None else None
+        cached = self._stream
+        if raw is None or cached is None or cached.cuda_stream != raw:
+            cached = self._stream = torch.cuda.current_stream(self._device)
+        return cached
 
     def check(self) -> None:
         """Raise the timeout's finding once the watchdog aborted the process group."""

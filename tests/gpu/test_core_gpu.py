@@ -159,6 +159,6 @@ def test_a_failed_capture_leaves_dropout_working_and_training_eager(results: dic
     # Before: "Offset increment outside graph capture encountered unexpectedly" at the
     # first eager step after the failed capture.
     for r in ok(results["failed_capture_with_dropout"]):
-        assert r["error"] is None, r
+        assert r["eager_error"] is None, r
         assert r["state"] == "eager" and r["code"] == "HOST_SYNC_IN_CAPTURE", r
         assert r["param_rel_diff"] == 0 and r["loss_rel_diff"] == 0, r

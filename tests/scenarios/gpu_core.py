@@ -368,10 +368,10 @@ def failed_capture_with_dropout(info: DistInfo) -> dict[str, Any]:
         try:
             losses = [float(captured(x, y)) for x, y in batches]
         except RuntimeError as exc:
-            return {**_summary(captured), "error": str(exc)[:300]}
+            return {**_summary(captured), "eager_error": str(exc)[:300]}
     return {
         **_summary(captured),
-        "error": None,
+        "eager_error": None,
         "loss_rel_diff": harness.loss_rel_diff(ref_losses, losses),
         "param_rel_diff": harness.rel_diff(ref_params, harness.params_of(ddp)),
     }

@@ -165,6 +165,29 @@ def test_every_host_read_fails_the_recording_as_cuda_would(name: str) -> None:
     assert finding.location is not None and finding.location.filename == __file__
 
 
+def _assign_scalar_through_a_mask(t: torch.Tensor) -> torch.Tensor:
+    y = t.clone()
+    y[y > 0] = 0.0  # PyTorch runs it as masked_fill_: nothing read on the host
+    return y
+
+
+def _accumulate_through_a_mask(t: torch.Tensor) -> torch.Tensor:
+    y = t.clone()
+    # Accumulating has no masked_fill_ path: the mask's nonzero is computed, a host read.
+    return y.index_put_((y > 0,), torch.tensor(1.0), accumulate=True)
+
+
+def test_a_scalar_assigned_through_a_mask_records_as_cuda_records_it() -> None:
+    # Measured on an H200 (scripts/probes/cpu_emulation_fidelity.py): CUDA captures
+    # `y[mask] = 0.0`; accumulating through a mask is refused by both.
+    t = torch.randn(6)
+    graph = RecordingBackend().capture(lambda: _assign_scalar_through_a_mask(t), stream=None, pool=None)
+    graph.replay()
+    assert torch.equal(graph.outputs, t.clamp(max=0))
+    with pytest.raises(CaptureError):
+        RecordingBackend().capture(lambda: _accumulate_through_a_mask(t), stream=None, pool=None)
+
+
 def test_a_cpu_optimizer_that_reads_its_step_count_is_not_capturable(make_run, batches) -> None:
     # Foreach AdamW on CPU reads the step count with `.item()` (it has no capturable
     # CPU kernel): a replay would repeat one bias correction, so the capture is refused.
