@@ -41,9 +41,9 @@ from .param_guard import ParamLayout
 from .parity import ParityRun
 from .probe import host_sync_probe
 from .probe_checks import ProbeWatch
-from .rng import generators_refusal, keep_states
+from .rng import generators_refusal
 from .same_path import eager_code_paths
-from .snapshot import Restorable, TrainingSnapshot
+from .snapshot import Restorable, failed_capture_undo
 from .step_optimizers import StepOptimizers
 from .step_record import Captured, Report, StepState, has_peers
 from .warmup import (
@@ -132,7 +132,7 @@ class CapturedStep(FamilySteps[R]):
         # Last: it registers `close` to run at interpreter exit, before the process group goes.
         self._watchdog = watch_replays(
             options.replay_timeout, options.on_replay_timeout, step_name=getattr(fn, "__qualname__", "step"),
-            group=model.process_group if isinstance(model, DDP) else None, device=self._device, close=self.close,
+            group=ddp_tools.process_group_of(model), device=self._device, close=self.close,
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
@@ -233,21 +233,7 @@ class CapturedStep(FamilySteps[R]):
         )
 
     def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
-        snapshot = TrainingSnapshot([self._model], self._optim.optimizers)
-        # Besides model and optimizer: generators and restorables (a scaler).
-        undo = [keep_states(self._generators)] + [r.snapshot() for r in self._restorables]
-
-        def after_stand_in() -> None:
-            snapshot.restore(rng=True)
-            for put_back in undo:
-                put_back()
-
-        def after_failure() -> None:
-            snapshot.restore(rng=True, cuda_rng=True)
-            for put_back in undo:
-                put_back()
-
-        return after_stand_in, after_failure
+        return failed_capture_undo([self._model], self._optim.optimizers, self._restorables, self._generators)
 
     def _policy_captured(self) -> None:
         self._optim.remember()
@@ -350,7 +336,7 @@ class CapturedStep(FamilySteps[R]):
         for opt in self._optim.optimizers:
             if hasattr(opt, "register_load_state_dict_post_hook"):
                 self._hooks.append(opt.register_load_state_dict_post_hook(self._after_optimizer_load))
-        inner = self._model.module if isinstance(self._model, DDP) else self._model
+        inner = ddp_tools.inner_module(self._model)
         self._hooks.append(inner.register_load_state_dict_post_hook(self._after_model_load))
 
     def _after_optimizer_load(self, optimizer: Optimizer) -> None:

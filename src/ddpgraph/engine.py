@@ -23,8 +23,6 @@ that has nothing to report adds nothing to a replay but the guards' own checks.
 from __future__ import annotations
 
 import logging
-import time
-import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
@@ -36,17 +34,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import ddp as ddp_tools
 from .agreement import Action, Decision, Outcome, agree
-from .backends import CapturedGraph, CaptureError, CudaGraphBackend, GraphBackend
-from .diagnose import finding_from_capture_error
+from .attempt import hold, record_attempt
+from .backends import GraphBackend
 from .distributed import current_rank
 from .errors import DdpGraphError
 from .family import GraphFamily, shared_pool
 from .findings import Code, Finding
-from .inputs import Signature, StaticInputs, flatten_call, leaf_paths
+from .inputs import flatten_call
 from .options import CaptureOptions
-from .probe import host_sync_probe
-from .replay import Recording, UnservedCalls, fall_back, run_eager_call
-from .step_record import Attempt, Captured, Report, StepState, StepStats
+from .replay import UnservedCalls, fall_back, run_eager_call
+from .step_record import Captured, Report, StepState, StepStats
+from .streams import can_run_graphs
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
@@ -145,7 +143,7 @@ class CaptureEngine(Generic[R]):
         graph holds a reference to the NCCL communicator."""
         if self._state is StepState.CLOSED:
             return
-        if self._device.type == "cuda" and torch.cuda.is_available():
+        if can_run_graphs(self._device):
             torch.cuda.synchronize(self._device)
         self._drop_record()
         self._policy_close()
@@ -235,63 +233,12 @@ class CaptureEngine(Generic[R]):
         return self._eager(leaves, spec)
 
     # ----------------------------------------------------------------- capture
-    def _attempt(self, leaves: list[Any], spec: Any, pool: Any, ran: list[Any] | None = None) -> Attempt:
-        """Record the step on static copies of this call's inputs (the one recording path
-        of first captures and added graphs); `ran` gets the step's result when the
-        backend runs it while recording."""
-        backend = self._backend
-        assert backend is not None, "a step without a backend never records"
-        static = StaticInputs(leaves, spec, self._device)
-        after_stand_in, after_failure = self._policy_undo()
-        static_args, static_kwargs = static.call_args()
-        graph: CapturedGraph | None = None
-        start = time.perf_counter()
-        # Warnings raised while recording tell some causes apart (DDP's stream warning; the
-        # host syncs that sync debug mode reports, which CUDA reports only as an invalidated
-        # capture). The probe covers the step alone, not ddpgraph's own capture setup.
-        syncs: list[Any] = []
-
-        def record() -> Any:
-            with host_sync_probe(enabled=isinstance(backend, CudaGraphBackend)) as probe, self._policy_running("record"):
-                try:
-                    result = self._fn(*static_args, **static_kwargs)
-                finally:
-                    syncs.extend(probe.events)
-            if ran is not None:
-                ran.append(result)
-            return result
-
-        extra = {"generators": list(self._options.generators)} if self._options.generators else {}
-        outcome = Outcome(current_rank(), True)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                with self._policy_running("capture"):
-                    graph = backend.capture(record, stream=self._stream, pool=pool, **extra)
-            except CaptureError as err:
-                finding = self._policy_explain(finding_from_capture_error(err, [str(w.message) for w in caught], syncs))
-                stuck = not ddp_tools.reducer_finalized(self._model)
-                outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
-        for w in caught:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return Attempt(graph, static, outcome, after_stand_in, after_failure, time.perf_counter() - start)
-
-    def _hold(self, attempt: Attempt, buffer_sync: bool, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Captured:
-        """A recording that succeeded, with its signature, the model's mode and DDP flags."""
-        assert attempt.graph is not None
-        signature = Signature(leaves, spec, leaf_paths(args, kwargs))
-        recording: Recording[Any] = Recording(attempt.graph, attempt.static, signature, self._options.clone_outputs)
-        forward_sync = bool(getattr(self._model, "require_forward_param_sync", True))
-        self.stats.captures += 1
-        self.stats.capture_seconds = attempt.seconds
-        return Captured(recording, self._model.training, forward_sync, buffer_sync)
-
     def _record_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         """Record the step on the static inputs, agree, then replay it at once (this
         call's step) or put everything back and continue eagerly, on every rank."""
         buffer_sync = ddp_tools.will_sync_buffers(self._model)
         restore_forward_sync = ddp_tools.keep_forward_sync(self._model)
-        attempt = self._attempt(leaves, spec, self._options.pool)
+        attempt = record_attempt(self, leaves, spec, self._options.pool)
         graph, outcome = attempt.graph, attempt.outcome
         if graph is not None:
             problem = self._policy_recording_problem()
@@ -301,7 +248,7 @@ class CaptureEngine(Generic[R]):
             assert self._backend is not None
             if self._backend.executes_during_capture:
                 attempt.after_stand_in()
-            self._record = self._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
+            self._record = hold(self, attempt, buffer_sync, args, kwargs, leaves, spec)
             self._policy_captured()
             self._state = StepState.CAPTURED
             self._since_decision = 0

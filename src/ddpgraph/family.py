@@ -35,6 +35,7 @@ import torch
 
 from .errors import usage_error
 from .inputs import Signature, TensorMeta
+from .streams import can_run_graphs
 
 if TYPE_CHECKING:
     from .step_record import Captured, StepStats
@@ -66,7 +67,7 @@ def shared_pool(pool: Any, max_graphs: object, device: torch.device) -> Any:
     """The pool the family captures into: the user's, or a new one for a family on a GPU."""
     if pool is not None or not (isinstance(max_graphs, int) and max_graphs > 1):
         return pool
-    if device.type != "cuda" or not torch.cuda.is_available():
+    if not can_run_graphs(device):
         return None
     with torch.cuda.device(device):
         return torch.cuda.graph_pool_handle()
@@ -74,7 +75,7 @@ def shared_pool(pool: Any, max_graphs: object, device: torch.device) -> Any:
 
 def pool_bytes(pool: Any, device: torch.device) -> int | None:
     """Bytes the allocator holds in `pool` (its segments); None off CUDA or when unknown."""
-    if pool is None or device.type != "cuda" or not torch.cuda.is_available():
+    if pool is None or not can_run_graphs(device):
         return None
     try:
         segments = torch.cuda.memory._snapshot(device)["segments"]

@@ -41,6 +41,7 @@ from torch.utils._pytree import tree_map
 
 from . import ddp as ddp_tools
 from .agreement import Outcome
+from .attempt import hold, record_attempt
 from .distributed import current_rank
 from .engine import CaptureEngine
 from .replay import fall_back
@@ -66,12 +67,12 @@ def add_graph_call(
     if adding:
         buffer_sync = ddp_tools.will_sync_buffers(step._model)
         # With a backend that runs it, the recording is this call's step (`out`).
-        attempt = step._attempt(leaves, spec, step._family.pool, ran=out)
+        attempt = record_attempt(step, leaves, spec, step._family.pool, ran=out)
         outcome, after_failure = attempt.outcome, attempt.after_failure
         if not runs:
             out.clear()  # recorded, not run: the call's step is the replay below
         if attempt.graph is not None:
-            captured = step._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
+            captured = hold(step, attempt, buffer_sync, args, kwargs, leaves, spec)
             step._family.add(captured)
             step._record = captured
     elif runs:

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from .rng import keep_states
+
 
 @runtime_checkable
 class Restorable(Protocol):
@@ -104,3 +106,23 @@ class TrainingSnapshot:
             torch.set_rng_state(self.cpu_rng)
         if cuda_rng and self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+def failed_capture_undo(
+    models: list[nn.Module],
+    optimizers: list[Optimizer],
+    restorables: Iterable[Restorable] = (),
+    generators: Iterable[torch.Generator] = (),
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Everything a recording may change, kept now: (after a stand-in's recording, which
+    ran the step once; after a failed capture, which also moved the CUDA generator).
+    Besides models and optimizers: the given generators and restorables (a scaler)."""
+    snapshot = TrainingSnapshot(models, optimizers)
+    undo = [keep_states(list(generators)), *(r.snapshot() for r in restorables)]
+
+    def put_back(cuda_rng: bool) -> None:
+        snapshot.restore(rng=True, cuda_rng=cuda_rng)
+        for restore in undo:
+            restore()
+
+    return (lambda: put_back(False)), (lambda: put_back(True))

@@ -122,24 +122,12 @@ def _classes() -> list[tuple[str, str, int]]:
     return out
 
 
-# Over the class limit today and being split where it is edited; strict, so that this
-# entry has to go once it is split.
-_SPLIT_PENDING = {("engine.py", "CaptureEngine"), ("captured_step.py", "CapturedStep")}
-
-
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
 def test_no_module_is_over_400_lines(path: Path) -> None:
     assert len(path.read_text().splitlines()) <= MAX_MODULE_LINES
 
 
-@pytest.mark.parametrize(
-    ("path", "name", "lines"),
-    [
-        pytest.param(*c, marks=pytest.mark.xfail(strict=True, reason="being split")) if c[:2] in _SPLIT_PENDING else c
-        for c in _classes()
-    ],
-    ids=lambda v: str(v),
-)
+@pytest.mark.parametrize(("path", "name", "lines"), _classes(), ids=lambda v: str(v))
 def test_no_class_is_over_300_lines(path: str, name: str, lines: int) -> None:
     assert lines <= MAX_CLASS_LINES, f"{path}: class {name} is {lines} lines"
 

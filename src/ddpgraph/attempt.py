@@ -1,0 +1,80 @@
+"""One recording of a step, and what a successful one becomes: the path every capture
+takes, the first one (`CaptureEngine._record_call`) and a graph added to a family
+(`family_capture.add_graph_call`), so that both record, diagnose and restore alike.
+
+The recording runs on static copies of the call's inputs, under the host-sync probe
+(CUDA reports a sync only as an invalidated capture; the probe's events name it), with
+the step's graph-safe mode installed as its policy says. Nothing here agrees with the
+peers: the caller takes the `Attempt`'s outcome to its decision point.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from . import ddp as ddp_tools
+from .agreement import Action, Outcome
+from .backends import CapturedGraph, CaptureError, CudaGraphBackend
+from .diagnose import finding_from_capture_error
+from .distributed import current_rank
+from .inputs import Signature, StaticInputs, leaf_paths
+from .probe import host_sync_probe
+from .replay import Recording
+from .step_record import Attempt, Captured
+
+if TYPE_CHECKING:
+    from .engine import CaptureEngine
+
+
+def record_attempt(step: CaptureEngine[Any], leaves: list[Any], spec: Any, pool: Any, ran: list[Any] | None = None) -> Attempt:
+    """Record `step` on static copies of this call's inputs; `ran` gets the step's
+    result when the backend runs it while recording."""
+    backend = step._backend
+    assert backend is not None, "a step without a backend never records"
+    static = StaticInputs(leaves, spec, step._device)
+    after_stand_in, after_failure = step._policy_undo()
+    static_args, static_kwargs = static.call_args()
+    graph: CapturedGraph | None = None
+    start = time.perf_counter()
+    # Warnings raised while recording tell some causes apart (DDP's stream warning; the
+    # host syncs that sync debug mode reports, which CUDA reports only as an invalidated
+    # capture). The probe covers the step alone, not ddpgraph's own capture setup.
+    syncs: list[Any] = []
+
+    def record() -> Any:
+        with host_sync_probe(enabled=isinstance(backend, CudaGraphBackend)) as probe, step._policy_running("record"):
+            try:
+                result = step._fn(*static_args, **static_kwargs)
+            finally:
+                syncs.extend(probe.events)
+        if ran is not None:
+            ran.append(result)
+        return result
+
+    extra = {"generators": list(step._options.generators)} if step._options.generators else {}
+    outcome = Outcome(current_rank(), True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with step._policy_running("capture"):
+                graph = backend.capture(record, stream=step._stream, pool=pool, **extra)
+        except CaptureError as err:
+            finding = step._policy_explain(finding_from_capture_error(err, [str(w.message) for w in caught], syncs))
+            stuck = not ddp_tools.reducer_finalized(step._model)
+            outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return Attempt(graph, static, outcome, after_stand_in, after_failure, time.perf_counter() - start)
+
+
+def hold(step: CaptureEngine[Any], attempt: Attempt, buffer_sync: bool, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Captured:
+    """A recording that succeeded, with its signature, the model's mode and DDP flags."""
+    assert attempt.graph is not None
+    signature = Signature(leaves, spec, leaf_paths(args, kwargs))
+    recording: Recording[Any] = Recording(attempt.graph, attempt.static, signature, step._options.clone_outputs)
+    forward_sync = bool(getattr(step._model, "require_forward_param_sync", True))
+    step.stats.captures += 1
+    step.stats.capture_seconds = attempt.seconds
+    return Captured(recording, step._model.training, forward_sync, buffer_sync)
