@@ -53,6 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--no-watchdog", action="store_true", help="replay_timeout=None: the guards alone")
     args = parser.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
@@ -70,7 +71,8 @@ def main() -> None:
         opt.step()
         return loss.detach()
 
-    step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=IdleBackend())
+    watchdog = {"replay_timeout": None} if args.no_watchdog else {}
+    step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=IdleBackend(), **watchdog)
     while step.state is not ddpgraph.StepState.CAPTURED:
         step(x, y)
     rounds = []
