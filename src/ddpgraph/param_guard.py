@@ -40,11 +40,18 @@ class ParamLayout:
         self._ptrs = list(map(_data_ptr, self._params))
         self._grads = list(map(_requires_grad, self._params))
         self._indices = list(range(len(self._params)))
+        self._all_train = all(self._grads)
 
     def check(self) -> Report | None:
-        if self._same_storage() and list(map(_requires_grad, self._params)) == self._grads:
+        if self._same_storage() and self._same_grads():
             return None
         return Report(self._describe(), Action.RECAPTURE)
+
+    def _same_grads(self) -> bool:
+        # Every parameter trained (the usual case): `all` over the flags, with no list built.
+        if self._all_train:
+            return all(map(_requires_grad, self._params))
+        return list(map(_requires_grad, self._params)) == self._grads
 
     def _same_storage(self) -> bool:
         if _ptrs_equal is not None:

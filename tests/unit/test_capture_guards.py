@@ -218,3 +218,22 @@ def test_a_backend_that_is_not_one_is_a_usage_error(make_run, backend) -> None:
     with pytest.raises(ddpgraph.DdpGraphUsageError) as info:
         ddpgraph.capture_step(run.step, model=run.model, optimizer=run.optimizer, backend=backend)
     assert "backend=" in str(info.value) and "PassThroughBackend" in str(info.value)
+
+
+def test_the_layout_guard_sees_a_flag_change_either_way() -> None:
+    # All parameters trained at capture (one pass over the flags), or some frozen (the
+    # flags compared one by one): freezing and unfreezing are both seen.
+    from torch import nn
+
+    from ddpgraph.param_guard import ParamLayout
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    layout = ParamLayout(model)
+    assert layout.check() is None
+    model[0].weight.requires_grad_(False)
+    assert layout.check() is not None
+    partly = ParamLayout(model)
+    assert partly.check() is None
+    model[0].weight.requires_grad_(True)
+    report = partly.check()
+    assert report is not None and "requires_grad=True" in report.finding.happened
