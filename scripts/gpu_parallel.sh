@@ -17,6 +17,10 @@ declare -A GROUPS_=(
   [a]="tests/gpu/test_core_gpu.py tests/gpu/test_rank_safety_gpu.py tests/gpu/test_adopt_gpu.py tests/gpu/test_presets_gpu.py"
   [b]="tests/gpu/test_training_gpu.py tests/gpu/test_strategies_gpu.py tests/gpu/test_accelerate_gpu.py tests/gpu/test_lightning_gpu.py"
   [c]="tests/gpu/test_watchdog_gpu.py $(ls tests/gpu/test_optim_gpu.py tests/gpu/test_family_gpu.py 2>/dev/null | tr '\n' ' ')"
+  # The doctor's other GPU checks (plain runs, the library chain); its marks are scored
+  # beside the groups by score.py, which runs the scripts four at a time. And the docs'
+  # Python blocks on the GPU (the published benchmark command stays a stage of its own).
+  [d]="tests/gpu/test_doctor.py --deselect tests/gpu/test_doctor.py::test_findings_are_exactly_the_marked_ones tests/gpu/test_doc_blocks_gpu.py::test_python_blocks_run_on_the_gpus"
 )
 for g in "${!GROUPS_[@]}"; do
   # shellcheck disable=SC2086
