@@ -53,12 +53,13 @@ def _captured_run(workload: Workload, info: DistInfo, settings: StepSettings) ->
     before = harness.params_of(ddp)
     step = ddpgraph.capture_step(make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt)
     losses = []
+    used = _batches(workload, info, 4)
     with step:
-        for x, y in _batches(workload, info, 4):
+        for x, y in used:
             losses.append(float(step(x, y)))
         while step.stats.replays < REPLAYS and step.stats.calls < 40:
-            x, y = _batches(workload, info, 1)[0]
-            losses.append(float(step(x, y)))
+            used.append(_batches(workload, info, 1)[0])
+            losses.append(float(step(*used[-1])))
         _sync(info)
         result = {
             "state": step.state.value,
@@ -67,7 +68,23 @@ def _captured_run(workload: Workload, info: DistInfo, settings: StepSettings) ->
             "losses_finite": all(math.isfinite(v) for v in losses),
             "params_moved": harness.rel_diff(before, harness.params_of(ddp)) > 0,
         }
+    # Parity: the same batches run eagerly (DDP on the default stream, the same graph-safe
+    # optimizer), twice: the second run is the control, how far eager is from itself.
+    reference = _eager_params(workload, info, settings, used)
+    result["param_rel_diff"] = harness.rel_diff(reference, harness.params_of(ddp))
+    result["control_rel_diff"] = harness.rel_diff(reference, _eager_params(workload, info, settings, used))
     return result
+
+
+def _eager_params(workload: Workload, info: DistInfo, settings: StepSettings, batches: list[Any]) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(workload.build().to(info.device), **_device_ids(info))
+    opt = settings.adamw(ddp.parameters(), lr=1e-4)
+    step = harness.with_same_settings(opt, make_train_step(ddp, opt, workload.loss, BF16), info.device)
+    for x, y in batches:
+        step(x, y)
+    _sync(info)
+    return harness.params_of(ddp)
 
 
 def _preset(name: str) -> Any:
