@@ -77,7 +77,7 @@ class ProbeResult:
         # in `ddpgraph bench`, or a framework's).
         if finding.code is not Code.HOST_SYNC_IN_CAPTURE:
             return False
-        own = [f for f in event.stack if not f.filename.startswith("<") and not is_platform(f.filename)]
+        own = _code_frames(event.stack)
         return bool(own) and is_installed_library(own[-1].filename)
 
 
@@ -111,6 +111,12 @@ def host_sync_probe(enabled: bool = True) -> Iterator[ProbeResult]:
             torch.cuda.set_sync_debug_mode(previous_mode)
 
 
+def _code_frames(stack: Sequence[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """The frames of the user's code or of a library: neither torch, ddpgraph, the
+    standard library nor generated code (`<...>`)."""
+    return [f for f in stack if not f.filename.startswith("<") and not is_platform(f.filename)]
+
+
 def user_frame(stack: Sequence[traceback.FrameSummary]) -> traceback.FrameSummary | None:
     """The innermost frame of the user's own code.
 
@@ -118,9 +124,7 @@ def user_frame(stack: Sequence[traceback.FrameSummary]) -> traceback.FrameSummar
     count; third-party packages count only when no frame outside them does, so a
     script that calls into a training library is pointed at its own line.
     """
-    candidates = [
-        f for f in stack if not f.filename.startswith("<") and not is_platform(f.filename)
-    ]
+    candidates = _code_frames(stack)
     for frame in reversed(candidates):
         if not is_installed_library(frame.filename):
             return frame
