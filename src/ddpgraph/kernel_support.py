@@ -18,6 +18,7 @@ the learning rate alone (`CPU_TENSOR_KEYS`), as ddpgraph always has.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -135,18 +136,25 @@ def _probe(
             continue
         if torch.allclose(got, expected, rtol=1e-3, atol=1e-6):
             accepted.append(name)
-    first_only = tuple(n for n in candidates if n not in accepted and _first_step_only(cls, safe, n, device, dtype))
+    frozen = [n for n in candidates if n not in accepted]
+    first_only: tuple[str, ...] = ()
+    if frozen:
+        with contextlib.suppress(Exception):  # no third step to compare with: nothing is first-only
+            unchanged = _two_steps(cls, safe, (), device, dtype, third={})
+            first_only = tuple(n for n in frozen if _first_step_only(cls, safe, n, device, dtype, unchanged))
     return KernelSupport(tuple(flags.items()), tuple(accepted), host_state, first_only)
 
 
-def _first_step_only(cls: type[Optimizer], options: dict[str, Any], name: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether a third step lands on exactly the same bits with `name` changed before it."""
+def _first_step_only(
+    cls: type[Optimizer], options: dict[str, Any], name: str, device: torch.device, dtype: torch.dtype, unchanged: torch.Tensor
+) -> bool:
+    """Whether a third step lands on exactly the bits of `unchanged` (three steps with
+    nothing changed) with `name` changed before it."""
     try:
-        same = _two_steps(cls, options, (), device, dtype, third={})
         changed = _two_steps(cls, options, (), device, dtype, third={name: _other(options[name])})
     except Exception:
         return False
-    return torch.equal(same, changed)
+    return torch.equal(unchanged, changed)
 
 
 def _other(value: Any) -> Any:

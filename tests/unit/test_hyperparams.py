@@ -134,13 +134,17 @@ def test_the_flags_the_mode_sets_are_not_frozen_values() -> None:
 def test_a_value_only_the_first_step_reads_is_found_by_trying_and_not_frozen() -> None:
     # Rprop reads `lr` once, to initialise its step sizes: a schedule on it changes
     # neither eager training nor a replay, so it must not drop the graph.
-    from ddpgraph.kernel_support import _first_step_only
+    from ddpgraph.kernel_support import _first_step_only, _two_steps
+
+    def first_only(cls: type[Optimizer], options: dict[str, object], key: str) -> bool:
+        unchanged = _two_steps(cls, options, (), CPU, torch.float32, third={})
+        return _first_step_only(cls, options, key, CPU, torch.float32, unchanged)
 
     rprop = {"lr": 0.01, "etas": (0.5, 1.2), "step_sizes": (1e-6, 50.0), "foreach": False}
-    assert _first_step_only(torch.optim.Rprop, rprop, "lr", CPU, torch.float32)
-    assert not _first_step_only(torch.optim.Rprop, rprop, "etas", CPU, torch.float32)
+    assert first_only(torch.optim.Rprop, rprop, "lr")
+    assert not first_only(torch.optim.Rprop, rprop, "etas")
     adamw = {"lr": 0.01, "weight_decay": 0.0, "eps": 1e-8, "foreach": False}
-    assert not any(_first_step_only(torch.optim.AdamW, adamw, k, CPU, torch.float32) for k in ("lr", "weight_decay", "eps"))
+    assert not any(first_only(torch.optim.AdamW, adamw, k) for k in ("lr", "weight_decay", "eps"))
     opt = torch.optim.Rprop(_params(), lr=0.01)
     mirror = HyperparamMirror(opt, [KernelSupport((), (), (), ("lr",))], CPU)
     mirror.freeze()
