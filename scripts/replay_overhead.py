@@ -23,7 +23,11 @@ import torch
 import torch.distributed as dist
 
 import ddpgraph
-from ddpgraph.app.models import GPTConfig, gpt_workload
+
+try:
+    from ddpgraph.app.models import GPTConfig, gpt_workload
+except ImportError:  # a tree from before the application moved into ddpgraph.app (OLD_SRC runs)
+    from ddpgraph.models import GPTConfig, gpt_workload  # type: ignore[no-redef]
 
 
 class _IdleGraph:

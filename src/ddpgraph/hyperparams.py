@@ -20,6 +20,7 @@ Between calls the user's optimizer holds exactly what the user (or a scheduler) 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import is_
 from typing import Any
 
 import torch
@@ -136,6 +137,9 @@ class HyperparamMirror:
         self._given: list[dict[str, Any]] | None = None
         self._attrs: dict[str, Any] = {}
         self._frozen: list[dict[str, Any]] | None = None
+        # Per group, the keys a replay looks at and the objects they held at the last
+        # replay that found nothing to do (None: look at everything next time).
+        self._seen: list[tuple[tuple[str, ...], tuple[Any, ...]]] | None = None
 
     @property
     def installed(self) -> bool:
@@ -198,6 +202,7 @@ class HyperparamMirror:
 
     def freeze(self) -> None:
         """Remember the values the graph holds as Python numbers (at capture)."""
+        self._seen = None
         self._frozen = [
             {k: group[k] for k in self._frozen_keys(group, slots, support)}
             for group, slots, support in zip(self.optimizer.param_groups, self.slots, self.supports, strict=True)
@@ -205,6 +210,32 @@ class HyperparamMirror:
 
     def thaw(self) -> None:
         self._frozen = None
+        self._seen = None
+
+    def before_replay(self) -> list[HyperparamChange]:
+        """`sync()` then `frozen_changes()`. In the usual replay no key of any group was
+        assigned since the last one: the same objects as then, seen by one identity pass
+        per group in C, and nothing else to do."""
+        groups = self.optimizer.param_groups
+        seen = self._seen
+        if (
+            seen is not None
+            and len(groups) == len(seen)
+            and all(all(map(is_, map(g.get, keys), values)) for g, (keys, values) in zip(groups, seen, strict=True))
+        ):
+            return []
+        changes = self.sync() + self.frozen_changes()
+        self._seen = None if changes else self._snapshot()
+        return changes
+
+    def _snapshot(self) -> list[tuple[tuple[str, ...], tuple[Any, ...]]] | None:
+        if self._frozen is None or any(s._synced is _MISSING for slots in self.slots for s in slots.values()):
+            return None  # a tensor value is copied on every sync: it may change in place
+        snap = []
+        for group, slots, frozen in zip(self.optimizer.param_groups, self.slots, self._frozen, strict=True):
+            keys = (*slots, *frozen)
+            snap.append((keys, tuple(map(group.get, keys))))
+        return snap
 
     def frozen_changes(self) -> list[HyperparamChange]:
         """Frozen hyper-parameters that differ from their value at capture."""

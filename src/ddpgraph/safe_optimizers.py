@@ -131,7 +131,7 @@ class GraphSafeOptimizers:
         if pending is not None:
             return pending
         for mirror in self.mirrors:
-            changes = mirror.sync() + mirror.frozen_changes()
+            changes = mirror.before_replay()
             if changes:
                 return baked_finding(changes, mirror.optimizer)
         return None

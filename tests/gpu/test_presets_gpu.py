@@ -18,6 +18,9 @@ NAMES = [f"preset_{p.replace('-', '_')}" for p in PRESETS] + ["fused_adamw", "co
 # Compiled kernels are the same in the captured run and its eager reference; what is
 # left is the order of floating-point reductions across the graph boundary.
 COMPILED_TOL = 1e-3
+# Another attention kernel in bf16, over the few steps of these runs (2.1e-4 measured on
+# hf-llama, run 25).
+KERNEL_ROUNDING_TOL = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +46,21 @@ def test_preset_builds_and_captures(preset: str, results: dict[str, list[dict[st
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_trains_as_eager_does(preset: str, results: dict[str, list[dict[str, Any]]]) -> None:
     # Bit for bit is the promise; a model whose eager run differs from itself (a kernel
-    # that is not deterministic) may differ by as much as that. The sizes are reported.
+    # that is not deterministic) may differ by as much as that. Where the model's library
+    # takes another branch while a graph is recorded (transformers: an explicit causal
+    # mask, another attention kernel), eager on that same branch must be equal, and plain
+    # eager within that kernel's rounding. The sizes are reported.
     for r in ok(results[f"preset_{preset.replace('-', '_')}"]):
         if "skipped" in r:
             pytest.skip(r["skipped"])
-        warnings.warn(f"{preset}: captured against eager {r['param_rel_diff']:.2e}, eager against eager {r['control_rel_diff']:.2e}", stacklevel=1)
-        assert r["param_rel_diff"] <= max(1e-5, 2 * r["control_rel_diff"]), r
+        exact = max(1e-5, 2 * r["control_rel_diff"])
+        warnings.warn(
+            f"{preset}: captured against eager {r['param_rel_diff']:.2e}, against eager on the recording's "
+            f"library branch {r['library_path_rel_diff']:.2e}, eager against eager {r['control_rel_diff']:.2e}",
+            stacklevel=1,
+        )
+        assert min(r["param_rel_diff"], r["library_path_rel_diff"]) <= exact, r
+        assert r["param_rel_diff"] <= KERNEL_ROUNDING_TOL, r
 
 
 def test_fused_adamw_captures(results: dict[str, list[dict[str, Any]]]) -> None:

@@ -180,3 +180,26 @@ def test_scheduler_keys_are_not_hyperparameters() -> None:
     opt.step()
     sched.step()  # cycles momentum, a frozen value for this mirror
     assert [c.key for c in mirror.frozen_changes()] == ["momentum"]
+
+
+def test_before_replay_follows_every_change_after_replays_that_found_none() -> None:
+    opt = torch.optim.AdamW(_params(), lr=0.1, weight_decay=0.0)
+    mirror = _mirror(opt)
+    [tensor] = mirror.slots[0]["lr"].tensors
+    mirror.freeze()
+    assert mirror.before_replay() == [] and mirror.before_replay() == []  # the quiet path from here
+    opt.param_groups[0]["lr"] = 0.05  # a scheduler's new float
+    assert mirror.before_replay() == [] and tensor.item() == pytest.approx(0.05)
+    lr = torch.tensor(0.3)
+    opt.param_groups[0]["lr"] = lr
+    assert mirror.before_replay() == []
+    lr.fill_(0.4)  # the same object, changed in place: still copied
+    assert mirror.before_replay() == [] and tensor.item() == pytest.approx(0.4)
+    opt.param_groups[0]["lr"] = 0.1
+    assert mirror.before_replay() == [] and mirror.before_replay() == []
+    opt.param_groups[0]["weight_decay"] = 0.1  # frozen in the graph
+    assert mirror.before_replay() == [HyperparamChange(0, "weight_decay", 0.0, 0.1, False)]
+    opt.param_groups[0]["weight_decay"] = 0.0
+    assert mirror.before_replay() == [] and mirror.before_replay() == []
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+    assert mirror.before_replay() == [HyperparamChange(-1, "param_groups", 1, 2, False)]
