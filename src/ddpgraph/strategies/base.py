@@ -15,11 +15,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import ddp as ddp_tools
+from ..eager_call import run_eager_call
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
 from ..inputs import StaticInputs, flatten_call
 from ..options import CaptureOptions as CaptureOptions  # re-exported: the strategies take it
-from ..replay import run_eager_call
 from ..step_record import StepState, StepStats
 from .selection import SelectionReport
 
@@ -66,7 +66,7 @@ def run_eager(
     device: torch.device,
     stream: torch.cuda.Stream | None,
 ) -> R:
-    """One eager call as `capture_step` makes it (`replay.run_eager_call`)."""
+    """One eager call as `capture_step` makes it (`eager_call.run_eager_call`)."""
     leaves, spec = flatten_call(args, kwargs)
     return run_eager_call(fn, leaves, spec, device, stream)
 

@@ -15,9 +15,9 @@ from .. import ddp as ddp_tools
 from ..backends import GraphBackend
 from ..capture import as_optimizers, capture_step
 from ..errors import DdpGraphError, DdpGraphUsageError, usage_error
+from ..fallback import OnFailure
 from ..findings import Code, Finding
 from ..optim import graph_safe_optimizer
-from ..replay import OnFailure
 from ..streams import can_run_graphs
 from .auto import AutoStep
 from .base import STRATEGY_NAMES, CaptureOptions, R, StrategyName, TrainStep
