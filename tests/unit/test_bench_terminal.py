@@ -26,12 +26,12 @@ def _gpu_report() -> Report:
 
 
 def _cpu_report() -> Report:
-    """What a CPU run produces: eager and a capture_step that ran eagerly (NO_CUDA)."""
+    """What a CPU run produces: eager and a `whole` (capture_step) that ran eagerly (NO_CUDA)."""
     results = []
     for batch in (4, 16):
-        for strategy, ms in (("eager", 20.0), ("capture_step", 19.1)):
+        for strategy, ms in (("eager", 20.0), ("whole", 19.1)):
             feeds = {"device": FeedResult(ms, 1.0, [ms]), "dataloader": FeedResult(ms + 3, 1.0, [ms + 3])}
-            captured = False if strategy == "capture_step" else None
+            captured = False if strategy == "whole" else None
             note = "[NO_CUDA] No CUDA device for this step: runs eagerly\nHINT: use a GPU" if captured is False else None
             results.append(StrategyResult("gpt", batch, strategy, feeds=feeds, captured=captured, note=note))
         for strategy in ("recipe", "reduce-overhead"):

@@ -8,7 +8,7 @@ of `CapturedStep`: call it like the function, read `state`, `reason` and `stats`
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, Literal, Protocol, TypeVar, get_args
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -21,14 +21,14 @@ from ..findings import Code, Finding
 from ..inputs import StaticInputs, flatten_call
 from ..options import CaptureOptions as CaptureOptions  # re-exported: the strategies take it
 from ..step_record import StepState, StepStats
+from .names import STRATEGY_NAMES as STRATEGY_NAMES  # re-exported: the strategies read them here
+from .names import StrategyName as StrategyName
 from .selection import SelectionReport
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 _Self = TypeVar("_Self")
 
-StrategyName = Literal["whole", "partial", "compile", "reduce-overhead", "eager", "auto"]
-STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
 Reason = Finding | SelectionReport
 
 

@@ -20,11 +20,12 @@ from ..findings import Code, Finding
 from ..optim import graph_safe_optimizer
 from ..streams import can_run_graphs
 from .auto import AutoStep
-from .base import STRATEGY_NAMES, CaptureOptions, R, StrategyName, TrainStep
+from .base import CaptureOptions, R, TrainStep
 from .compiled import CompiledStep
 from .dynamo import CompileSpec, fusion_spec, is_compiled_module, unwrap_compiled
 from .eager import SUMMARY as EAGER_SUMMARY
 from .eager import EagerStep
+from .names import STRATEGY_NAMES, StrategyName, hint_for_unknown
 from .partial import DEFAULT_TOLERANCE, Grapher
 from .partial_step import SUMMARY as PARTIAL_SUMMARY
 from .partial_step import PartialStep
@@ -121,7 +122,7 @@ def make_step(
         raise usage_error(
             "`make_step(strategy=...)`",
             f"expected one of {', '.join(map(repr, STRATEGY_NAMES))}, got {strategy!r}",
-            "use strategy='auto' to let ddpgraph measure and choose",
+            hint_for_unknown(strategy),
         )
     try:
         optimizers = as_optimizers(optimizer)
