@@ -120,7 +120,7 @@ def test_failures_are_recorded_and_the_run_goes_on(run: Any) -> None:
 def test_table_and_plot(run: Any) -> None:
     proc, data, out = run
     assert "tiny: 2 × " in proc.stdout
-    assert "whole (capture_step) against the alternatives" in proc.stdout
+    assert "whole against the others" in proc.stdout
     assert "Strategies: eager = DDP as written; whole = capture_step." in proc.stdout
     assert "Results written to bench.json" in proc.stdout
     assert "tiny batch 8 whole:" in proc.stderr  # a progress line per result

@@ -182,7 +182,8 @@ def test_rich_tables_show_every_strategy_and_the_summary() -> None:
     assert "gpt: 2 × NVIDIA H200, torch 2.11.0, bf16 autocast" in text
     for name in ("eager", "reduce-overhead", "recipe", "compile", "partial"):
         assert name in text
-    assert "whole (capture_step) against the alternatives" in text
+    assert "whole against the others" in text
+    assert "whole = capture_step; compile = capture_step(compile=True)" in text
     assert "+2.2%" in text  # whole vs recipe at batch 8
     assert "RuntimeError: boom" in text
 

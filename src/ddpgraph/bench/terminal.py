@@ -18,6 +18,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from .compare import SUBJECT
 from .schema import Report
 from .table import (
     DASH,
@@ -28,7 +29,6 @@ from .table import (
     names_legend,
     result_row,
     summary_row,
-    summary_title,
     title,
 )
 
@@ -121,7 +121,9 @@ def terminal_tables(report: Report, summary: list[dict[str, Any]]) -> list[Rende
         cells = [summary_row(r) for r in summary]
         for feed in feeds:
             columns = _SUMMARY_COLUMNS[feed]
-            heading = f"{summary_title()}, {FEED_TITLES[feed]}"
+            # Short, as a table's title wraps at the table's width; the legend says
+            # what `whole` runs.
+            heading = f"{SUBJECT} against the others, {FEED_TITLES[feed]}"
             out.append(
                 _table(heading, [SUMMARY_HEADERS[i] for i in columns], [[c[i] for i in columns] for c in cells])
             )
