@@ -94,7 +94,7 @@ def test_plot_leaves_out_rows_that_captured_nothing() -> None:
     figure, _ = speedup_figure(report)
     assert figure is not None
     [panel] = [ax for ax in figure.axes if ax.get_visible()]
-    # capture_step ran eagerly at batch 32: only batch 8 is drawn for it.
+    # `whole` ran eagerly at batch 32: only batch 8 is drawn for it.
     xs = sorted({x for line in panel.get_lines() for x in line.get_xdata() if len(line.get_xdata()) and line.get_marker() == "o"})
     assert xs == [8]
 

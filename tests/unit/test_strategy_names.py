@@ -82,9 +82,10 @@ def test_former_bench_names_select_their_rows_and_say_the_new_name() -> None:
         ("capture_step+compile", "make_step's name is strategy='compile'"),
         ("torch-compile", "a reference row of `ddpgraph bench`, not a make_step strategy"),
         ("turbo", "use strategy='auto'"),
+        (["whole"], "use strategy='auto'"),  # not a name at all: still the usage error
     ],
 )
-def test_make_step_points_a_bench_name_at_its_own(given: str, hint: str) -> None:
+def test_make_step_points_a_bench_name_at_its_own(given: object, hint: str) -> None:
     model = nn.Linear(2, 2)
     with pytest.raises(ddpgraph.DdpGraphUsageError) as info:
         ddpgraph.make_step(lambda x: x, model=model, strategy=given)  # type: ignore[arg-type]

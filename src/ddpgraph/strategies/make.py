@@ -38,9 +38,9 @@ DEFAULT_CANDIDATES: tuple[StrategyName, ...] = ("eager", "whole", "partial", "co
 
 @dataclass(frozen=True)
 class StrategyInfo:
-    """A strategy's name, what it does in one line, and what it needs."""
+    """A strategy's name (one of `names.StrategyName`), what it does in one line, and what it needs."""
 
-    name: str
+    name: StrategyName
     summary: str
     needs_cuda: bool
     compiles: bool

@@ -51,9 +51,9 @@ FORMER_BENCH_NAMES: dict[str, StrategyName] = {
 
 def hint_for_unknown(name: object) -> str:
     """The fix to suggest when `make_step` is given `name`, which is not one of its own."""
-    if name in FORMER_BENCH_NAMES:
-        new = FORMER_BENCH_NAMES[str(name)]
+    if isinstance(name, str) and name in FORMER_BENCH_NAMES:
+        new = FORMER_BENCH_NAMES[name]
         return f"`ddpgraph bench` once called it {name!r}; make_step's name is strategy={new!r}"
-    if name in BENCH_ONLY_NAMES:
-        return f"{name!r} ({RUNS[str(name)]}) is a reference row of `ddpgraph bench`, not a make_step strategy"
+    if isinstance(name, str) and name in BENCH_ONLY_NAMES:
+        return f"{name!r} ({RUNS[name]}) is a reference row of `ddpgraph bench`, not a make_step strategy"
     return "use strategy='auto' to let ddpgraph measure and choose"
