@@ -21,7 +21,7 @@ set -uo pipefail
 # shellcheck source=scripts/gpu_env.sh
 . "$(dirname "$0")/gpu_env.sh"
 LIMIT=${STAGE_TIMEOUT:-300}
-STRATS=eager,reduce-overhead,recipe,capture_step,capture_step+compile
+STRATS=eager,reduce-overhead,recipe,whole,compile  # make_step's names (docs/benchmarks.md)
 
 run() {  # run NAME CMD...: one stage under the time limit, its status in the summary
   local name=$1; shift

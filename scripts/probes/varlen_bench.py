@@ -73,7 +73,7 @@ def run(kind: str, mode: str, data: list[tuple[torch.Tensor, torch.Tensor]], dev
     model = build(kind, device)
     ddp: nn.Module = ddpgraph.prepare_ddp(model, device_ids=[device.index]) if mode == "capture" else DDP(model, device_ids=[device.index])
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4, capturable=True)
-    forward = torch.compile(ddp, mode="reduce-overhead", dynamic=kw.pop("dynamic", None)) if mode == "compile" else ddp
+    forward = torch.compile(ddp, mode="reduce-overhead", dynamic=kw.pop("dynamic", None)) if mode == "reduce-overhead" else ddp
 
     def train_step(ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
@@ -99,7 +99,7 @@ def run(kind: str, mode: str, data: list[tuple[torch.Tensor, torch.Tensor]], dev
         if i == half:
             torch.cuda.synchronize()
             start = time.perf_counter()
-        if mode == "compile":
+        if mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
         step(ids, labels)
     torch.cuda.synchronize()
@@ -135,8 +135,8 @@ def main() -> int:
     ]
     if not args.skip_compile:
         plan += [
-            ("reduce-overhead, varlen", "compile", varlen, {}),
-            ("reduce-overhead dynamic=True, varlen", "compile", varlen, {"dynamic": True}),
+            ("reduce-overhead, varlen", "reduce-overhead", varlen, {}),
+            ("reduce-overhead dynamic=True, varlen", "reduce-overhead", varlen, {"dynamic": True}),
         ]
     for name, mode, data, kw in plan:
         t0 = time.perf_counter()

@@ -18,10 +18,10 @@ from .backend_choice import choose_backend
 from .backends import GraphBackend
 from .captured_step import CapturedStep
 from .errors import usage_error
+from .fallback import OnFailure
 from .family import BeyondMaxGraphs
 from .options import DEFAULT_AGREE_EVERY, CaptureOptions
 from .parity import ParityCheck
-from .replay import OnFailure
 from .step_record import StepState, StepStats
 
 __all__ = ["CapturedStep", "StepState", "StepStats", "as_optimizers", "capture_step", "choose_backend"]

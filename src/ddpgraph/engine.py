@@ -37,12 +37,13 @@ from .agreement import Action, Decision, Outcome, agree
 from .attempt import hold, record_attempt
 from .backends import GraphBackend
 from .distributed import current_rank
+from .eager_call import run_eager_call
 from .errors import DdpGraphError
+from .fallback import UnservedCalls, fall_back
 from .family import GraphFamily, shared_pool
 from .findings import Code, Finding
 from .inputs import flatten_call
 from .options import CaptureOptions
-from .replay import UnservedCalls, fall_back, run_eager_call
 from .step_record import Captured, Report, StepState, StepStats
 from .streams import can_run_graphs
 

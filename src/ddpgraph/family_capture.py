@@ -44,7 +44,7 @@ from .agreement import Outcome
 from .attempt import hold, record_attempt
 from .distributed import current_rank
 from .engine import CaptureEngine
-from .replay import fall_back
+from .fallback import fall_back
 from .step_record import Captured
 
 R = TypeVar("R")

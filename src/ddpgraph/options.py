@@ -18,10 +18,10 @@ from torch import nn
 from . import ddp as ddp_tools
 from .backends import GraphBackend
 from .errors import DdpGraphUsageError, usage_error
+from .fallback import OnFailure, check_policies
 from .family import BeyondMaxGraphs, check_family
 from .findings import Code, Finding
 from .parity import ParityCheck, as_parity_check
-from .replay import OnFailure, check_policies
 from .snapshot import Restorable
 from .streams import can_run_graphs
 from .watchdog import check_options as check_watchdog_options

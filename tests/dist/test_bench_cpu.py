@@ -78,7 +78,7 @@ def test_eager_strategies_run_and_train_identically(run: Any) -> None:
     results = _results(data)
     for batch_size in (4, 8):
         eager = results[("tiny", batch_size, "eager")]
-        captured = results[("tiny", batch_size, "capture_step")]
+        captured = results[("tiny", batch_size, "whole")]
         for r in (eager, captured):
             assert r["status"] == "ok", r["reason"]
             assert set(r["feeds"]) == {"device", "dataloader"}
@@ -96,7 +96,7 @@ def test_eager_strategies_run_and_train_identically(run: Any) -> None:
 def test_gpu_strategies_are_skipped_with_a_reason(run: Any) -> None:
     _, data, _ = run
     results = _results(data)
-    for name in ("compile", "reduce-overhead", "recipe", "capture_step+compile", "partial"):
+    for name in ("torch-compile", "reduce-overhead", "recipe", "compile", "partial"):
         r = results[("tiny", 4, name)]
         assert r["status"] == "skipped" and r["reason"], name
 
@@ -104,7 +104,7 @@ def test_gpu_strategies_are_skipped_with_a_reason(run: Any) -> None:
 def test_failures_are_recorded_and_the_run_goes_on(run: Any) -> None:
     _, data, _ = run
     results = _results(data)
-    for name in ("eager", "capture_step"):
+    for name in ("eager", "whole"):
         broken = results[("broken", 4, name)]
         assert broken["status"] == "failed"
         assert broken["reason"] == (
@@ -120,8 +120,9 @@ def test_failures_are_recorded_and_the_run_goes_on(run: Any) -> None:
 def test_table_and_plot(run: Any) -> None:
     proc, data, out = run
     assert "tiny: 2 × " in proc.stdout
-    assert "capture_step against the others" in proc.stdout
+    assert "whole against the others" in proc.stdout
+    assert "Strategies: eager = DDP as written; whole = capture_step." in proc.stdout
     assert "Results written to bench.json" in proc.stdout
-    assert "tiny batch 8 capture_step:" in proc.stderr  # a progress line per result
+    assert "tiny batch 8 whole:" in proc.stderr  # a progress line per result
     assert "| 4 | eager |" in data["markdown"]
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"

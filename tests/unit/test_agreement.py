@@ -1,5 +1,5 @@
 """One decision for every rank (`ddpgraph.agreement`), and how giving up a capture reaches
-the user (`ddpgraph.replay.fall_back`), shared by `capture_step` and `capture_eval`."""
+the user (`ddpgraph.fallback.fall_back`), shared by `capture_step` and `capture_eval`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from ddpgraph import Code, DdpGraphError, DdpGraphWarning, Finding
 from ddpgraph.agreement import Decision, Outcome, agree
-from ddpgraph.replay import fall_back
+from ddpgraph.fallback import fall_back
 
 SYNC = Finding(Code.HOST_SYNC_IN_CAPTURE, "`loss.item()` waits for the GPU")
 

@@ -49,7 +49,7 @@ def test_arguments_reach_the_plan() -> None:
             "--batch-sizes",
             "4,16",
             "--strategies",
-            "capture_step,eager",
+            "capture_step,eager",  # a former name: still accepted
             "--steps",
             "24",
             "--warmup",
@@ -62,7 +62,7 @@ def test_arguments_reach_the_plan() -> None:
         )
     )
     assert plan.batch_sizes == {"mlp": [4, 16]}
-    assert [s.name for s in plan.strategies] == ["eager", "capture_step"]
+    assert [s.name for s in plan.strategies] == ["eager", "whole"]
     assert (plan.settings.steps, plan.settings.window, plan.settings.warmup) == (24, 2, 12)
     assert not plan.settings.dataloader and plan.settings.profile_steps == 0
     assert plan.amp == "off"
@@ -91,5 +91,5 @@ def test_bad_arguments_exit_2_with_the_finding(
 def test_list_strategies(capsys: pytest.CaptureFixture[str]) -> None:
     assert command.main(parse("--list-strategies"), ["--list-strategies"]) == 0
     out = capsys.readouterr().out
-    for name in ("eager", "reduce-overhead", "recipe", "capture_step+compile", "partial"):
+    for name in ("eager", "torch-compile", "reduce-overhead", "recipe", "whole", "compile", "partial"):
         assert name in out

@@ -45,19 +45,19 @@ def sample_report() -> Report:
         _ok("eager", 14.4, 15.0, peak_memory_mib=900.0, final_loss=2.5),
         _ok("reduce-overhead", 7.0, 7.5),
         _ok("recipe", 4.5, 4.8, capture_s=0.03, captured=True, kernel_ms_per_step=4.5),
-        _ok("capture_step", 4.6, 4.8, capture_s=0.04, captured=True, kernel_ms_per_step=4.6),
-        _ok("capture_step+compile", 4.0, 4.3, capture_s=0.05, captured=True),
+        _ok("whole", 4.6, 4.8, capture_s=0.04, captured=True, kernel_ms_per_step=4.6),
+        _ok("compile", 4.0, 4.3, capture_s=0.05, captured=True),
         StrategyResult(
             "gpt",
             8,
-            "compile",
+            "torch-compile",
             status="failed",
             reason="failed during warm-up (ranks 0-1: RuntimeError: boom)",
         ),
         StrategyResult("gpt", 8, "partial", status="skipped", reason="not available yet"),
         _ok("eager", 18.7, 19.0, batch_size=32),
         _ok(
-            "capture_step",
+            "whole",
             10.2,
             10.5,
             batch_size=32,
@@ -75,16 +75,16 @@ def sample_report() -> Report:
 def test_speedups_are_over_eager_with_the_same_feed() -> None:
     report = sample_report()
     fill_speedups(report)
-    cap = report.case("gpt", 8)["capture_step"]
+    cap = report.case("gpt", 8)["whole"]
     assert cap.feeds["device"].speedup == pytest.approx(14.4 / 4.6)
     assert cap.feeds["dataloader"].speedup == pytest.approx(15.0 / 4.8)
     assert report.case("gpt", 8)["eager"].feeds["device"].speedup == pytest.approx(1.0)
-    assert report.case("gpt", 32)["capture_step"].feeds["device"].speedup == pytest.approx(
+    assert report.case("gpt", 32)["whole"].feeds["device"].speedup == pytest.approx(
         18.7 / 10.2
     )
 
 
-def test_summary_relates_capture_step_to_every_alternative() -> None:
+def test_summary_relates_whole_to_every_alternative() -> None:
     report = sample_report()
     fill_speedups(report)
     rows = summary(report)
@@ -110,8 +110,8 @@ def test_payload_validates_and_round_trips_through_json() -> None:
     assert data["schema_version"] == SCHEMA_VERSION
     again = Report.from_dict(data)
     assert again.results == Report.from_dict(data).results
-    assert again.case("gpt", 8)["capture_step"].feeds["device"].ms_per_step == 4.6
-    assert "| 8 | capture_step | 4.60 ± 0.10 | 3.13× |" in data["markdown"]
+    assert again.case("gpt", 8)["whole"].feeds["device"].ms_per_step == 4.6
+    assert "| 8 | whole | 4.60 ± 0.10 | 3.13× |" in data["markdown"]
 
 
 def test_files_of_schema_version_1_still_load() -> None:
@@ -152,9 +152,9 @@ def test_result_row_cells() -> None:
     report = sample_report()
     fill_speedups(report)
     case = report.case("gpt", 8)
-    assert result_row(case["capture_step"]) == [
+    assert result_row(case["whole"]) == [
         "8",
-        "capture_step",
+        "whole",
         "4.60 ± 0.10",
         "3.13×",
         "100%",
@@ -166,10 +166,10 @@ def test_result_row_cells() -> None:
         "96%",
         "",
     ]
-    failed = result_row(case["compile"])
+    failed = result_row(case["torch-compile"])
     assert failed[2] == "failed" and failed[-1].startswith("failed during warm-up")
     assert result_row(case["partial"])[2] == "skipped"
-    assert result_row(report.case("gpt", 32)["capture_step"])[6] == "not captured"
+    assert result_row(report.case("gpt", 32)["whole"])[6] == "not captured"
 
 
 def test_rich_tables_show_every_strategy_and_the_summary() -> None:
@@ -180,10 +180,11 @@ def test_rich_tables_show_every_strategy_and_the_summary() -> None:
         console.print(table)
     text = console.export_text()
     assert "gpt: 2 × NVIDIA H200, torch 2.11.0, bf16 autocast" in text
-    for name in ("eager", "reduce-overhead", "recipe", "capture_step+compile", "partial"):
+    for name in ("eager", "reduce-overhead", "recipe", "compile", "partial"):
         assert name in text
-    assert "capture_step against the others" in text
-    assert "+2.2%" in text  # capture_step vs recipe at batch 8
+    assert "whole against the others" in text
+    assert "whole = capture_step; compile = capture_step(compile=True)" in text
+    assert "+2.2%" in text  # whole vs recipe at batch 8
     assert "RuntimeError: boom" in text
 
 
@@ -192,7 +193,7 @@ def test_markdown_escapes_cells() -> None:
     report.results[0].note = "a | b\nc"
     text = markdown(report, [])
     assert "a \\| b; c" in text
-    assert "capture_step against the alternatives" not in text
+    assert "whole (capture_step) against the alternatives" not in text
 
 
 def test_plot_draws_a_panel_per_model(tmp_path: Path) -> None:
@@ -223,3 +224,46 @@ def test_plot_without_speedups_says_so(tmp_path: Path) -> None:
     fill_speedups(report)
     assert not plot_speedups(report, str(tmp_path / "empty.png"))
     assert not plot_speedups(Report(SETUP, [], []), str(tmp_path / "none.png"))
+
+
+DATA = Path(__file__).parent / "data"
+# Written by `ddpgraph bench --cpu --model mlp --batch-sizes 8 --strategies
+# eager,capture_step,compile,capture_step+compile,recipe` before the names were make_step's.
+OLD_FILE = DATA / "bench_v2.json"
+
+
+def test_a_file_of_the_old_names_loads_under_the_new_ones() -> None:
+    data = json.loads(OLD_FILE.read_text())
+    assert data["schema_version"] == 2 and validate(data) == []
+    written = [r["strategy"] for r in data["results"]]
+    assert written == ["eager", "compile", "recipe", "capture_step", "capture_step+compile"]
+    report = Report.from_dict(data)
+    # Its `compile` was plain torch.compile: the file's version says so, not a guess.
+    assert [r.strategy for r in report.results] == ["eager", "torch-compile", "recipe", "whole", "compile"]
+    every = ["eager", "torch-compile", "reduce-overhead", "recipe", "whole", "compile", "partial"]
+    assert [s["name"] for s in report.strategies] == every
+    assert report.setup["settings"]["strategies"] == ["eager", "torch-compile", "recipe", "whole", "compile"]
+    whole = report.case("mlp", 8)["whole"]
+    assert whole.status == "ok" and whole.captured is True
+    assert report.case("mlp", 8)["torch-compile"].status == "skipped"
+    assert data["results"][3]["strategy"] == "capture_step"  # the document itself is left as it was
+
+
+def test_a_file_of_the_current_version_keeps_its_names() -> None:
+    data = json.loads(json.dumps(payload(sample_report())))
+    assert data["schema_version"] == SCHEMA_VERSION == 3
+    names = [r["strategy"] for r in data["results"]]
+    assert "compile" in names and "torch-compile" in names
+    assert [r.strategy for r in Report.from_dict(data).results] == names
+
+
+def test_the_published_results_load_under_the_new_names() -> None:
+    data = json.loads((Path(__file__).resolve().parents[2] / "docs" / "bench.json").read_text())
+    report = Report.from_dict(data)
+    every = {"eager", "torch-compile", "reduce-overhead", "recipe", "whole", "compile", "partial"}
+    assert {r.strategy for r in report.results} == every
+    fill_speedups(report)
+    [row] = [r for r in summary(report) if (r["model"], r["batch_size"]) == ("gpt", 8)]
+    # The summary of the renamed rows is the one published with the file.
+    assert row["compile_speedup"] == pytest.approx(data["summary"][0]["compile_speedup"])
+    assert row["speedup_vs_eager"] == pytest.approx(data["summary"][0]["speedup_vs_eager"])

@@ -26,15 +26,7 @@ from ddpgraph.bench.measure import Settings, run_strategy
 from ddpgraph.bench.workloads import resolve_model
 
 MODELS = Path(__file__).parent.parent / "scenarios" / "bench_models.py"
-BUILT_IN = [
-    "eager",
-    "compile",
-    "reduce-overhead",
-    "recipe",
-    "capture_step",
-    "capture_step+compile",
-    "partial",
-]
+BUILT_IN = ["eager", "torch-compile", "reduce-overhead", "recipe", "whole", "compile", "partial"]
 QUICK = Settings(steps=4, warmup=12, window=2, profile_steps=0, dataloader=True, loader_workers=0)
 
 
@@ -50,17 +42,17 @@ def test_built_in_strategies_in_order() -> None:
 
 
 def test_select_keeps_registry_order_and_rejects_unknown_names() -> None:
-    assert [s.name for s in select(["capture_step", "eager"])] == ["eager", "capture_step"]
+    assert [s.name for s in select(["whole", "eager"])] == ["eager", "whole"]
     with pytest.raises(ddpgraph.DdpGraphUsageError) as info:
         select(["eager", "cudagraphs", "fast"])
     text = str(info.value)
-    assert text.startswith("[INVALID_ARGUMENT] `--strategies`: expected names from eager, compile")
+    assert text.startswith("[INVALID_ARGUMENT] `--strategies`: expected names from eager, torch-compile")
     assert "got 'cudagraphs', 'fast'" in text
 
 
 def test_only_eager_strategies_run_on_cpu() -> None:
     runs_on_cpu = [s.name for s in registered() if s.skip_reason(on_cuda=False) is None]
-    assert runs_on_cpu == ["eager", "capture_step"]
+    assert runs_on_cpu == ["eager", "whole"]
     runs_on_gpu = [s.name for s in registered() if s.skip_reason(on_cuda=True) is None]
     assert runs_on_gpu == BUILT_IN
     partial = registry_module._REGISTRY["partial"]
@@ -95,17 +87,17 @@ def _run(strategy: Strategy, case: Case, settings: Settings = QUICK) -> Strategy
 
 
 @pytest.mark.usefixtures("process_group")
-def test_eager_and_emulated_capture_step_train_alike_on_cpu() -> None:
+def test_eager_and_emulated_whole_train_alike_on_cpu() -> None:
     case = _case()
     eager = _run(registry_module._REGISTRY["eager"], case)
-    captured = _run(registry_module._REGISTRY["capture_step"], case)
+    captured = _run(registry_module._REGISTRY["whole"], case)
     for result in (eager, captured):
         assert result.status == "ok", result.reason
         assert set(result.feeds) == {"device", "dataloader"}
         assert len(result.feeds["device"].window_ms) == 2
         assert result.feeds["device"].ms_per_step > 0
         assert result.peak_memory_mib is None and result.kernel_ms_per_step is None
-    # Same weights, same batches; on CPU capture_step emulates the capture with the fused
+    # Same weights, same batches; on CPU `whole` (capture_step) emulates the capture with the fused
     # AdamW, which rounds differently from eager's default one.
     assert captured.final_loss == pytest.approx(eager.final_loss, rel=1e-5)
     assert captured.captured is True
@@ -115,7 +107,7 @@ def test_eager_and_emulated_capture_step_train_alike_on_cpu() -> None:
 
 @pytest.mark.usefixtures("process_group")
 def test_skipped_strategies_say_why() -> None:
-    for name in ("compile", "reduce-overhead", "recipe", "capture_step+compile", "partial"):
+    for name in ("torch-compile", "reduce-overhead", "recipe", "compile", "partial"):
         result = _run(registry_module._REGISTRY[name], _case())
         assert result.status == "skipped" and result.reason, name
         assert result.feeds == {}

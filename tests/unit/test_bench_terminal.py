@@ -26,12 +26,12 @@ def _gpu_report() -> Report:
 
 
 def _cpu_report() -> Report:
-    """What a CPU run produces: eager and a capture_step that ran eagerly (NO_CUDA)."""
+    """What a CPU run produces: eager and a `whole` (capture_step) that ran eagerly (NO_CUDA)."""
     results = []
     for batch in (4, 16):
-        for strategy, ms in (("eager", 20.0), ("capture_step", 19.1)):
+        for strategy, ms in (("eager", 20.0), ("whole", 19.1)):
             feeds = {"device": FeedResult(ms, 1.0, [ms]), "dataloader": FeedResult(ms + 3, 1.0, [ms + 3])}
-            captured = False if strategy == "capture_step" else None
+            captured = False if strategy == "whole" else None
             note = "[NO_CUDA] No CUDA device for this step: runs eagerly\nHINT: use a GPU" if captured is False else None
             results.append(StrategyResult("gpt", batch, strategy, feeds=feeds, captured=captured, note=note))
         for strategy in ("recipe", "reduce-overhead"):
@@ -94,7 +94,7 @@ def test_plot_leaves_out_rows_that_captured_nothing() -> None:
     figure, _ = speedup_figure(report)
     assert figure is not None
     [panel] = [ax for ax in figure.axes if ax.get_visible()]
-    # capture_step ran eagerly at batch 32: only batch 8 is drawn for it.
+    # `whole` ran eagerly at batch 32: only batch 8 is drawn for it.
     xs = sorted({x for line in panel.get_lines() for x in line.get_xdata() if len(line.get_xdata()) and line.get_marker() == "o"})
     assert xs == [8]
 

@@ -9,7 +9,7 @@ from ddpgraph.bench.throughput import fill_throughput, si, throughput_cell
 
 
 def _result(ms: float = 4.0) -> StrategyResult:
-    result = StrategyResult("gpt", 8, "capture_step")
+    result = StrategyResult("gpt", 8, "whole")
     result.feeds = {"device": FeedResult(ms, 0.1), "dataloader": FeedResult(2 * ms, 0.1)}
     return result
 

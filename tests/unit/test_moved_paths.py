@@ -111,3 +111,29 @@ def test_the_command_and_python_m_ddpgraph_run_from_the_new_place() -> None:
     assert getattr(importlib.import_module(module), function) is importlib.import_module("ddpgraph.app.cli").main
     main = Path(ddpgraph.__file__).with_name("__main__.py").read_text()
     assert "from .app.cli import main" in main
+
+
+# Names `ddpgraph.replay` held before the eager call and the give-up policy had modules
+# of their own: the old path stays (it keeps the replay) and re-exports them unchanged.
+REPLAY_NAMES = {
+    "run_eager_call": "ddpgraph.eager_call",
+    "OnFailure": "ddpgraph.fallback",
+    "UnservedCalls": "ddpgraph.fallback",
+    "check_policies": "ddpgraph.fallback",
+    "fall_back": "ddpgraph.fallback",
+}
+
+
+@pytest.mark.parametrize(("name", "home"), sorted(REPLAY_NAMES.items()))
+def test_names_that_left_replay_still_import_from_it(name: str, home: str) -> None:
+    replay = importlib.import_module("ddpgraph.replay")
+    assert getattr(replay, name) is getattr(importlib.import_module(home), name)
+
+
+def test_the_doctor_watches_the_give_up_where_it_lives_now() -> None:
+    from ddpgraph.doctor import instrument
+
+    assert "ddpgraph.fallback" in instrument._DDPGRAPH_MODULES
+    fallback = importlib.import_module("ddpgraph.fallback")
+    assert fallback.fall_back.__module__ == "ddpgraph.fallback"
+    assert fallback.UnservedCalls.__module__ == "ddpgraph.fallback"

@@ -3,15 +3,16 @@
     ddpgraph bench                                  # gpt and resnet18, every strategy
     ddpgraph bench --model gpt,resnet18 --batch-sizes gpt=8,32 resnet18=32,128 \\
         --json bench.json --plot bench.png
-    ddpgraph bench --model my_models:make_workload --strategies eager,capture_step --nproc 2
+    ddpgraph bench --model my_models:make_workload --strategies eager,whole --nproc 2
     torchrun --nproc_per_node=2 -m ddpgraph bench --model gpt
 
 As a plain command it starts one worker per GPU (two CPU workers without CUDA; `--nproc`
 to choose) through torchrun. Without CUDA and without `--model` it benchmarks CPU-sized
 models, and says so. For each model and batch size it runs each strategy in a fresh setup from the
-same initial weights on the same batches: eager DDP, torch.compile (default and
-reduce-overhead), PyTorch's hand-written whole-step graph recipe, capture_step, and
-capture_step around a compiled model (`--list-strategies` shows them). It reports
+same initial weights on the same batches, under `make_step`'s strategy names: eager DDP,
+torch.compile (`torch-compile`, default mode, and `reduce-overhead`), PyTorch's
+hand-written whole-step graph `recipe`, `whole` (capture_step), `compile` (capture_step
+around a compiled model) and `partial` (`--list-strategies` shows them). It reports
 ms/step (median of timing windows, with their spread), speedup over eager, GPU busy
 (summed kernel time over step time, profiled on rank 0), capture time and peak memory,
 with batches already on the GPU and, unless --no-data-loader, fed by a DataLoader with
@@ -40,7 +41,7 @@ from ..errors import DdpGraphUsageError, usage_error
 from .compare import fill_speedups, summary
 from .measure import Settings
 from .plot import plot_formats, plot_speedups
-from .registry import registered, select
+from .registry import registered, rename_notes, select
 from .schema import Report, StrategyResult
 from .stats import default_window
 from .strategies import RECIPE_WARMUP_ITERATIONS
@@ -78,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strategies",
         default=None,
-        help="comma-separated strategies to run (default: every available one)",
+        help="comma-separated strategies to run, by make_step's names (default: every available one; "
+        "see --list-strategies)",
     )
     parser.add_argument(
         "--steps",
@@ -157,6 +159,9 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         setup = describe_setup(info, plan, argv)
         if info.is_main and plan.note:
             output_console().print(plan.note)
+        if info.is_main:
+            for line in rename_notes(strategy_names(args.strategies)):
+                print(line, file=sys.stderr)
 
         def save(results: list[StrategyResult]) -> None:
             if args.json_path:
@@ -197,11 +202,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
             "expected at least one model, got none",
             f"for example `--model {DEFAULT_MODELS}`",
         )
-    names = (
-        None
-        if args.strategies in (None, "all")
-        else [s.strip() for s in args.strategies.split(",") if s.strip()]
-    )
+    names = strategy_names(args.strategies)
     settings = Settings(
         steps=args.steps,
         warmup=args.warmup,
@@ -221,8 +222,25 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     )
 
 
+def strategy_names(text: str | None) -> list[str] | None:
+    """The names given to `--strategies`; None for every available one."""
+    if text in (None, "all"):
+        return None
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+# Under the table of `--list-strategies`: what changed for a reader of older results.
+RENAMES_CAPTION = (
+    "The names are make_step's. Until results schema version 3 the benchmark called `whole` "
+    "`capture_step` and `compile` `capture_step+compile` (both still accepted), and `compile` "
+    "meant plain torch.compile(ddp), which is now `torch-compile`."
+)
+
+
 def strategy_table() -> Table:
-    table = Table(title="ddpgraph bench strategies", title_justify="left")
+    table = Table(
+        title="ddpgraph bench strategies", title_justify="left", caption=RENAMES_CAPTION, caption_justify="left"
+    )
     for header in ("name", "what it runs", "on CPU"):
         table.add_column(header)
     for s in registered():

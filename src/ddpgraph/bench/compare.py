@@ -1,9 +1,9 @@
-"""Relating strategies to each other: speedups over eager, and capture_step's standing.
+"""Relating strategies to each other: speedups over eager, and the whole-step graph's standing.
 
 The summary answers, per model and batch size, the questions the benchmark exists for:
-how much faster capture_step is than eager DDP and than `reduce-overhead`, what its
-wrapper costs against the hand-written recipe, what compiling inside the graph adds,
-and how busy it keeps the GPU.
+how much faster `whole` (capture_step) is than eager DDP and than `reduce-overhead`,
+what its wrapper costs against the hand-written recipe, what compiling inside the graph
+adds (`compile`, capture_step(compile=True)), and how busy it keeps the GPU.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from .schema import Report, StrategyResult
 from .stats import gap_percent, ratio
 
 BASELINE = "eager"
-SUBJECT = "capture_step"
+SUBJECT = "whole"
+# The subject with the model compiled inside the graph.
+COMPILED_SUBJECT = "compile"
 
 
 def fill_speedups(report: Report) -> None:
@@ -36,7 +38,7 @@ def _ms(result: StrategyResult | None, feed: str) -> float | None:
 
 
 def summary(report: Report) -> list[dict[str, Any]]:
-    """One row per model and batch size on which capture_step ran."""
+    """One row per model and batch size on which `whole` ran."""
     rows = []
     for model in report.models:
         for batch_size in report.batch_sizes(model):
@@ -45,7 +47,7 @@ def summary(report: Report) -> list[dict[str, Any]]:
             if subject is None or subject.status != "ok":
                 continue
             ms = _ms(subject, "device")
-            compiled = _ms(case.get(f"{SUBJECT}+compile"), "device")
+            compiled = _ms(case.get(COMPILED_SUBJECT), "device")
             loader = subject.feeds.get("dataloader")
             rows.append(
                 {

@@ -1,14 +1,14 @@
 """The benchmark's results as data, and their JSON form (a versioned schema).
 
     {
-      "schema": "ddpgraph.bench", "schema_version": 2,
+      "schema": "ddpgraph.bench", "schema_version": 3,
       "setup": {world_size, backend, device, torch, cuda, nccl, python, ddpgraph,
                 command, date, settings: {...}},
       "strategies": [{name, summary, available, cpu_skip, missing}],
       "results": [{model, batch_size, strategy, status, reason, feeds: {device: {...},
                    dataloader: {...}}, kernel_ms_per_step, gpu_timeline, capture_s, captured,
                    peak_memory_mib, final_loss, note, wall_s}],
-      "summary": [{model, batch_size, ...capture_step against the others}],
+      "summary": [{model, batch_size, ...whole (capture_step) against the others}],
       "markdown": "the tables as Markdown"
     }
 
@@ -23,6 +23,12 @@ A feed's `throughput` is `units_per_step` (world size × batch size × tokens pe
 or images) per second, in the result's `throughput_unit`.
 Times are milliseconds, except `capture_s` and `wall_s` (seconds) and the gaps (µs).
 Fields are only ever added within a schema version; files of earlier versions still load.
+
+Strategy names are `make_step`'s since version 3 (`strategies/names.py`). Files of
+versions 1 and 2 load with their rows renamed (`renamed_strategy`): `capture_step` is
+`whole`, `capture_step+compile` is `compile`, and their `compile`, which was plain
+torch.compile, is `torch-compile`. The file's version decides, so a `compile` is never
+guessed at.
 """
 
 from __future__ import annotations
@@ -30,9 +36,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..strategies.names import FORMER_BENCH_NAMES
+
 SCHEMA = "ddpgraph.bench"
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+# The first version whose strategy names are make_step's.
+SHARED_NAMES_VERSION = 3
+# What the rows of earlier versions are called now.
+_FORMER_ROWS = {**FORMER_BENCH_NAMES, "compile": "torch-compile"}
 STATUSES = ("ok", "failed", "skipped")
 
 SETUP_KEYS = (
@@ -117,14 +129,25 @@ class Report:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
+        """The report a JSON document holds, its strategies under today's names."""
         problems = validate(data)
         if problems:
             raise ValueError("not a ddpgraph bench result: " + "; ".join(problems))
-        return cls(
-            data["setup"],
-            list(data["strategies"]),
-            [StrategyResult.from_dict(r) for r in data["results"]],
-        )
+        version = data["schema_version"]
+        results = [StrategyResult.from_dict(r) for r in data["results"]]
+        for result in results:
+            result.strategy = renamed_strategy(result.strategy, version)
+        strategies = [{**s, "name": renamed_strategy(s.get("name", ""), version)} for s in data["strategies"]]
+        setup = dict(data["setup"])
+        settings = setup.get("settings")
+        if isinstance(settings, dict) and isinstance(settings.get("strategies"), list):
+            setup["settings"] = {**settings, "strategies": [renamed_strategy(n, version) for n in settings["strategies"]]}
+        return cls(setup, strategies, results)
+
+
+def renamed_strategy(name: str, version: int) -> str:
+    """What the strategy `name` of a file of schema `version` is called now."""
+    return name if version >= SHARED_NAMES_VERSION else _FORMER_ROWS.get(name, name)
 
 
 _NUMBER = (int, float)

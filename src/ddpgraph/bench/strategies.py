@@ -1,20 +1,25 @@
 """The built-in strategies: every way the benchmark trains a step, registered by name.
 
 All of them run the same step body (`Case.train_step`), from the same initial weights,
-on the same batches; they differ only in how the step is executed:
+on the same batches; they differ only in how the step is executed. The names are
+`make_step`'s (`strategies/names.py`): a row called `whole` is what
+`make_step(strategy="whole")` runs, and it runs through `make_step` itself.
 
 * `eager`: DDP on the default stream, default AdamW. What a training script does today.
-* `compile`: `torch.compile(ddp)` in the default mode (inductor fusion, no CUDA graphs).
+* `torch-compile`: `torch.compile(ddp)` in the default mode (inductor fusion, no CUDA
+  graphs). Not a `make_step` strategy: a reference.
 * `reduce-overhead`: `torch.compile(ddp, mode="reduce-overhead")`: CUDA graphs of the
   compiled pieces, with DDP's all-reduces and the optimizer eager between them.
 * `recipe`: PyTorch's documented whole-network capture, written out by hand with no
   ddpgraph code in its path: the baseline that tells what ddpgraph's wrapper costs.
-* `capture_step`: `ddpgraph.capture_step` on a model built by `ddpgraph.prepare_ddp`.
-* `capture_step+compile`: `capture_step(..., compile=True)`: the model compiled by
-  inductor in its default mode (which makes no graphs of its own) and the whole step
-  captured around it.
-* `partial`: `ddpgraph.make_step(strategy="partial")`: the model's collective-free parts
-  graphed (forward and backward), DDP's all-reduces and the optimizer eager.
+* `whole`: `ddpgraph.capture_step` on a model built by `ddpgraph.prepare_ddp`.
+* `compile`: `capture_step(..., compile=True)`: the model compiled by inductor in its
+  default mode (which makes no graphs of its own) and the whole step captured around it.
+* `partial`: the model's collective-free parts graphed (forward and backward), DDP's
+  all-reduces and the optimizer eager.
+
+The benchmark's former names `capture_step` and `capture_step+compile` (`whole`,
+`compile`) are accepted on the command line (`registry.select`).
 """
 
 from __future__ import annotations
@@ -28,11 +33,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..backends import emulation_backend
-from ..capture import StepState, capture_step
+from ..capture import StepState
 from ..ddp import prepare_ddp
 from ..findings import Code
+from ..strategies import StrategyName, make_step
 from ..strategies import TrainStep as GraphedStep
-from ..strategies import make_step
 from .case import LEARNING_RATE, Case, Runner, StepFn
 from .registry import Strategy, register_strategy
 
@@ -183,27 +188,25 @@ EMULATED = (
 )
 
 
-class CaptureStepRunner(Runner):
-    """`ddpgraph.capture_step` (or, with `strategy`, `ddpgraph.make_step`) over a model
-    from `ddpgraph.prepare_ddp`.
+class MakeStepRunner(Runner):
+    """`ddpgraph.make_step(strategy=...)` over a model from `ddpgraph.prepare_ddp`: for
+    "whole" that is `capture_step`; for "compile" `capture_step(..., compile=True)`, which
+    compiles the DDP module in place (inductor default mode) and captures the step around
+    it; for "partial" graphs of submodules.
 
-    With `compile_model`, it is `capture_step(..., compile=True)`, which compiles the
-    DDP module in place (inductor default mode) and captures the step around it.
     A change of input device (device-resident batches, then pinned batches from a
-    DataLoader) starts a new `capture_step`, as a training script fed one way would.
+    DataLoader) starts a new step, as a training script fed one way would.
     """
 
-    def __init__(
-        self, case: Case, model: nn.Module, *, compile_model: bool, strategy: str = "whole"
-    ) -> None:
-        self._strategy = strategy
+    def __init__(self, case: Case, model: nn.Module, *, strategy: StrategyName) -> None:
+        self.strategy = strategy
         self._ddp = prepare_ddp(model, **case.ddp_kwargs())
         # Without a GPU the capture is emulated (`emulation_backend`), which needs the
         # fused CPU AdamW: the foreach one reads its step count on the host.
         self._backend = None if case.on_cuda else emulation_backend()
         self._opt = case.optimizer(self._ddp) if case.on_cuda else case.optimizer(self._ddp, fused=True)
-        self._compiled = compile_model
-        if compile_model:
+        self._compiled = strategy == "compile"
+        if self._compiled:
             torch._dynamo.reset()
         self._fn = case.train_step(self._ddp, self._opt)
         self._step: GraphedStep[torch.Tensor] | None = None
@@ -220,14 +223,9 @@ class CaptureStepRunner(Runner):
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self._step is None or x.device != self._inputs_on:
             self._retire_step()
-            if self._strategy == "whole":
-                self._step = capture_step(
-                    self._fn, model=self._ddp, optimizer=self._opt, backend=self._backend, compile=self._compiled
-                )
-            else:
-                self._step = make_step(
-                    self._fn, model=self._ddp, optimizer=self._opt, strategy=self._strategy  # type: ignore[arg-type]
-                )
+            self._step = make_step(
+                self._fn, model=self._ddp, optimizer=self._opt, strategy=self.strategy, backend=self._backend
+            )
             self._inputs_on = x.device
         loss = self._step(x, y)
         if self.capture_seconds is None:
@@ -263,6 +261,11 @@ class CaptureStepRunner(Runner):
             torch._dynamo.reset()
 
 
+def make_step_strategy(name: StrategyName, summary: str, *, cpu_skip: str | None = None) -> Strategy:
+    """The row that runs `make_step(strategy=name)`, under that name."""
+    return Strategy(name, summary, lambda case, model: MakeStepRunner(case, model, strategy=name), cpu_skip=cpu_skip)
+
+
 for _strategy in (
     Strategy(
         "eager",
@@ -270,8 +273,9 @@ for _strategy in (
         build_eager,
     ),
     Strategy(
-        "compile",
-        "torch.compile(ddp) default mode: inductor fusion, no CUDA graphs; optimizer eager",
+        "torch-compile",
+        "torch.compile(ddp) default mode: inductor fusion, no CUDA graphs; optimizer eager "
+        "(a reference, not a make_step strategy)",
         build_compiled("default"),
         cpu_skip=_COMPILE_ON_CPU,
     ),
@@ -284,27 +288,25 @@ for _strategy in (
     ),
     Strategy(
         "recipe",
-        "hand-written whole-step graph, PyTorch's documented recipe, no ddpgraph code",
+        "hand-written whole-step graph, PyTorch's documented recipe, no ddpgraph code "
+        "(a reference, not a make_step strategy)",
         RecipeRunner,
         cpu_skip="needs CUDA: it records a CUDA graph",
     ),
-    Strategy(
-        "capture_step",
-        "ddpgraph.capture_step with ddpgraph.prepare_ddp: the whole step as one graph",
-        lambda case, model: CaptureStepRunner(case, model, compile_model=False),
+    make_step_strategy(
+        "whole",
+        "capture_step with ddpgraph.prepare_ddp: the whole step as one graph",
     ),
-    Strategy(
-        "capture_step+compile",
+    make_step_strategy(
+        "compile",
         "capture_step(compile=True): model compiled by inductor (default mode, no graphs "
         "of its own), whole step captured around it",
-        lambda case, model: CaptureStepRunner(case, model, compile_model=True),
         cpu_skip=_COMPILE_ON_CPU,
     ),
-    Strategy(
+    make_step_strategy(
         "partial",
-        "ddpgraph.make_step(strategy='partial'): collective-free submodules graphed, "
+        "make_step(strategy='partial'): collective-free submodules graphed, "
         "DDP's all-reduces and the optimizer eager between them",
-        lambda case, model: CaptureStepRunner(case, model, compile_model=False, strategy="partial"),
         cpu_skip="needs CUDA: it records CUDA graphs",
     ),
 ):

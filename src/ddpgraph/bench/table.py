@@ -7,8 +7,11 @@ as everywhere on CPU) is marked `noise`: eager against eager is run-to-run varia
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from ..strategies.names import RUNS
+from .compare import SUBJECT
 from .schema import Report, StrategyResult
 from .throughput import throughput_cell
 
@@ -123,6 +126,18 @@ def summary_row(row: dict[str, Any]) -> list[str]:
     ]
 
 
+def summary_title() -> str:
+    return f"{SUBJECT} ({RUNS[SUBJECT]}) against the alternatives"
+
+
+def names_legend(strategies: Iterable[str]) -> str | None:
+    """What each strategy row runs (the names are make_step's), for the rows there are."""
+    shown = [s for s in dict.fromkeys(strategies) if s in RUNS]
+    if not shown:
+        return None
+    return "Strategies: " + "; ".join(f"{s} = {RUNS[s]}" for s in shown) + "."
+
+
 def title(report: Report, model: str) -> str:
     s = report.setup
     amp = s.get("settings", {}).get("amp", "off")
@@ -149,17 +164,20 @@ def markdown(report: Report, summary: list[dict[str, Any]]) -> str:
         parts += [f"**{title(report, model)}**", "", *_markdown_table(RESULT_HEADERS, rows), ""]
     if summary:
         parts += [
-            "**capture_step against the alternatives**",
+            f"**{summary_title()}**",
             "",
             *_markdown_table(SUMMARY_HEADERS, [summary_row(r) for r in summary]),
             "",
         ]
     if f"× {NOISE}" in "\n".join(parts):
         parts += [NOISE_NOTE, ""]
+    legend = names_legend(r.strategy for r in report.results)
+    if legend:
+        parts += [legend, ""]
     parts.append(
         "ms/step: median over timing windows ± half their range. × eager: speedup over "
         "eager DDP with the same feed. GPU busy: time with a kernel, copy or memset running per step over step time. "
-        "vs recipe: capture_step's time over the hand-written recipe's (+ is slower). "
+        f"vs recipe: {SUBJECT}'s time over the hand-written recipe's (+ is slower). "
         "throughput: tokens, images or samples per second over all ranks (device feed)."
     )
     return "\n".join(parts)

@@ -18,6 +18,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from .compare import SUBJECT
 from .schema import Report
 from .table import (
     DASH,
@@ -25,6 +26,7 @@ from .table import (
     NOISE_NOTE,
     RESULT_HEADERS,
     SUMMARY_HEADERS,
+    names_legend,
     result_row,
     summary_row,
     title,
@@ -90,7 +92,8 @@ def _table(heading: str, headers: list[str], rows: list[list[str]]) -> Table:
 
 def terminal_tables(report: Report, summary: list[dict[str, Any]]) -> list[RenderableType]:
     """What `ddpgraph bench` prints: per model a table per feed and the notes, then the
-    summary of capture_step against the alternatives, per feed."""
+    summary of `whole` (capture_step) against the alternatives, per feed, and what each
+    row's name runs."""
     out: list[RenderableType] = []
     feeds = [f for f in FEED_TITLES if any(f in r.feeds for r in report.results)] or ["device"]
     noisy = False
@@ -118,10 +121,15 @@ def terminal_tables(report: Report, summary: list[dict[str, Any]]) -> list[Rende
         cells = [summary_row(r) for r in summary]
         for feed in feeds:
             columns = _SUMMARY_COLUMNS[feed]
-            heading = f"capture_step against the others, {FEED_TITLES[feed]}"
+            # Short, as a table's title wraps at the table's width; the legend says
+            # what `whole` runs.
+            heading = f"{SUBJECT} against the others, {FEED_TITLES[feed]}"
             out.append(
                 _table(heading, [SUMMARY_HEADERS[i] for i in columns], [[c[i] for i in columns] for c in cells])
             )
     if noisy:
         out.append(Text(NOISE_NOTE))
+    legend = names_legend(r.strategy for r in report.results if r.status != "skipped")
+    if legend:
+        out.append(Text(legend))
     return out

@@ -33,7 +33,7 @@ from .observed import StreamInfo, storage_key
 from .recorder import Recorder
 
 # ddpgraph's modules whose decisions the doctor reports (imported before the script runs).
-_DDPGRAPH_MODULES = ("ddpgraph.replay", "ddpgraph.capture", "ddpgraph.strategies.evaluation", "ddpgraph.training.monitor")
+_DDPGRAPH_MODULES = ("ddpgraph.fallback", "ddpgraph.capture", "ddpgraph.strategies.evaluation", "ddpgraph.training.monitor")
 
 
 class Instrumentation:
@@ -88,12 +88,12 @@ class Instrumentation:
 
     def _watch_ddpgraph(self) -> None:
         modules = [importlib.import_module(name) for name in _DDPGRAPH_MODULES]
-        replay, monitor = modules[0], modules[-1]
-        gave_up = replay.fall_back
+        fallback, monitor = modules[0], modules[-1]
+        gave_up = fallback.fall_back
         for module in [m for name, m in list(sys.modules.items()) if name.startswith("ddpgraph.")]:
             if getattr(module, "fall_back", None) is gave_up:
                 self._undo.append(_wrap(module, "fall_back", self._fall_back))
-        self._undo.append(_wrap(replay.UnservedCalls, "admit", self._admit))
+        self._undo.append(_wrap(fallback.UnservedCalls, "admit", self._admit))
         self._undo.append(_wrap(monitor, "nonfinite_finding", self._nonfinite))
 
     def _fall_back(self, original: Callable[..., Any], finding: Any, *args: Any, **kwargs: Any) -> Any:

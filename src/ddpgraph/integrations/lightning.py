@@ -45,8 +45,8 @@ from ..backends import GraphBackend
 from ..capture import CapturedStep, StepState, capture_step
 from ..ddp import model_device
 from ..distributed import current_rank
+from ..fallback import OnFailure, fall_back
 from ..findings import Code, Finding
-from ..replay import OnFailure, fall_back
 
 __all__ = ["CUDAGraphCallback", "lightning_refusal"]
 

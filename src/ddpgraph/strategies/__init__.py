@@ -6,17 +6,19 @@
 "whole" (`capture_step`), "compile" (fusion inside the whole-step graph), "partial"
 (graphs of submodules, DDP eager), "reduce-overhead" (torch.compile's own graphs),
 "eager", and "auto", which measures the ones that apply and keeps the fastest that
-trains like eager. docs/strategies.md says when to use which.
+trains like eager. docs/strategies.md says when to use which; `names` holds the names,
+which `ddpgraph bench` uses for its rows too.
 """
 
 # `capture_step(..., compile=True)` builds its step through the builder this registers.
 from . import compile_switch as compile_switch
 from .auto import AutoStep
-from .base import STRATEGY_NAMES, CaptureOptions, StrategyName, TrainStep
+from .base import CaptureOptions, TrainStep
 from .compiled import CompiledStep
 from .dynamo import CompileSpec
 from .eager import EagerStep
 from .make import DEFAULT_CANDIDATES, STRATEGIES, StrategyInfo, make_step
+from .names import STRATEGY_NAMES, StrategyName
 from .partial_step import PartialStep
 from .reduce_overhead import ReduceOverheadStep
 from .selection import SelectionCode, SelectionReport, TrialResult, TrialStatus

@@ -8,27 +8,27 @@ of `CapturedStep`: call it like the function, read `state`, `reason` and `stats`
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, Literal, Protocol, TypeVar, get_args
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import ddp as ddp_tools
+from ..eager_call import run_eager_call
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
 from ..inputs import StaticInputs, flatten_call
 from ..options import CaptureOptions as CaptureOptions  # re-exported: the strategies take it
-from ..replay import run_eager_call
 from ..step_record import StepState, StepStats
+from .names import STRATEGY_NAMES as STRATEGY_NAMES  # re-exported: the strategies read them here
+from .names import StrategyName as StrategyName
 from .selection import SelectionReport
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 _Self = TypeVar("_Self")
 
-StrategyName = Literal["whole", "partial", "compile", "reduce-overhead", "eager", "auto"]
-STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
 Reason = Finding | SelectionReport
 
 
@@ -66,7 +66,7 @@ def run_eager(
     device: torch.device,
     stream: torch.cuda.Stream | None,
 ) -> R:
-    """One eager call as `capture_step` makes it (`replay.run_eager_call`)."""
+    """One eager call as `capture_step` makes it (`eager_call.run_eager_call`)."""
     leaves, spec = flatten_call(args, kwargs)
     return run_eager_call(fn, leaves, spec, device, stream)
 

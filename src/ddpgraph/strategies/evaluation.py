@@ -44,11 +44,11 @@ from ..backends import CudaGraphBackend, GraphBackend
 from ..distributed import current_rank
 from ..engine import CaptureEngine
 from ..errors import usage_error
+from ..fallback import OnFailure
 from ..findings import Code, Finding
 from ..inputs import StaticInputs, check_supported
 from ..options import CaptureOptions
 from ..probe import host_sync_probe
-from ..replay import OnFailure
 from ..step_record import Captured, Report, StepState, has_peers
 from ..streams import can_run_graphs, capture_stream
 from .dynamo import compile_count

@@ -15,16 +15,17 @@ from .. import ddp as ddp_tools
 from ..backends import GraphBackend
 from ..capture import as_optimizers, capture_step
 from ..errors import DdpGraphError, DdpGraphUsageError, usage_error
+from ..fallback import OnFailure
 from ..findings import Code, Finding
 from ..optim import graph_safe_optimizer
-from ..replay import OnFailure
 from ..streams import can_run_graphs
 from .auto import AutoStep
-from .base import STRATEGY_NAMES, CaptureOptions, R, StrategyName, TrainStep
+from .base import CaptureOptions, R, TrainStep
 from .compiled import CompiledStep
 from .dynamo import CompileSpec, fusion_spec, is_compiled_module, unwrap_compiled
 from .eager import SUMMARY as EAGER_SUMMARY
 from .eager import EagerStep
+from .names import STRATEGY_NAMES, StrategyName, hint_for_unknown
 from .partial import DEFAULT_TOLERANCE, Grapher
 from .partial_step import SUMMARY as PARTIAL_SUMMARY
 from .partial_step import PartialStep
@@ -37,9 +38,9 @@ DEFAULT_CANDIDATES: tuple[StrategyName, ...] = ("eager", "whole", "partial", "co
 
 @dataclass(frozen=True)
 class StrategyInfo:
-    """A strategy's name, what it does in one line, and what it needs."""
+    """A strategy's name (one of `names.StrategyName`), what it does in one line, and what it needs."""
 
-    name: str
+    name: StrategyName
     summary: str
     needs_cuda: bool
     compiles: bool
@@ -121,7 +122,7 @@ def make_step(
         raise usage_error(
             "`make_step(strategy=...)`",
             f"expected one of {', '.join(map(repr, STRATEGY_NAMES))}, got {strategy!r}",
-            "use strategy='auto' to let ddpgraph measure and choose",
+            hint_for_unknown(strategy),
         )
     try:
         optimizers = as_optimizers(optimizer)

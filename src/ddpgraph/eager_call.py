@@ -1,0 +1,32 @@
+"""One eager call of a step, made the same way by every step ddpgraph builds.
+
+Warm-up steps, steps after a fall-back, calls a graph cannot serve and the eager
+strategy all run through `run_eager_call`, so an eager step and a replayed one see
+their inputs on the same device and are ordered on the same stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from .inputs import stage_leaves, unflatten_call
+from .streams import hand_over, on_stream
+
+R = TypeVar("R")
+
+
+def run_eager_call(
+    fn: Callable[..., R], leaves: list[Any], spec: Any, device: torch.device, stream: torch.cuda.Stream | None
+) -> R:
+    """One eager call of `fn` on the flattened arguments (`inputs.flatten_call`): CPU
+    tensors staged onto the model's device, the call on `stream` (the capture stream, so
+    eager and replayed steps are ordered alike), its outputs handed back to the caller's
+    stream."""
+    args, kwargs = unflatten_call(stage_leaves(leaves, device), spec)
+    with on_stream(stream):
+        out = fn(*args, **kwargs)
+    hand_over(out, stream)
+    return out

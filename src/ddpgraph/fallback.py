@@ -1,0 +1,62 @@
+"""What happens when the graph cannot be used: eager steps, or an error, as the user chose.
+
+Two occasions, one policy (`OnFailure`): a capture that is given up (`fall_back`, for
+the whole step from then on) and a single call the recorded graph cannot serve because
+its arguments differ from the recorded ones (`UnservedCalls`). Under "eager" both keep
+training with eager steps and warn; under "raise" both raise the finding. The captured
+training step and the captured evaluation share them, so the two say the same thing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+from .distributed import current_rank
+from .errors import DdpGraphError, DdpGraphWarning, usage_error
+from .findings import Code, Finding
+
+OnFailure = Literal["eager", "raise"]
+
+
+def check_policies(api: str, on_failure: object, on_input_change: object) -> None:
+    """Refuse an `on_failure` / `on_input_change` value that is neither "eager" nor "raise"."""
+    for name, value in (("on_failure", on_failure), ("on_input_change", on_input_change)):
+        if value not in ("eager", "raise"):
+            raise usage_error(
+                f"`{api}({name}=...)`",
+                f"expected 'eager' or 'raise', got {value!r}",
+                f"use {name}='eager' to keep going with eager steps or {name}='raise' to stop",
+            )
+
+
+def fall_back(finding: Finding, on_failure: OnFailure, *, continues: str, warn: bool = True, stacklevel: int = 2) -> None:
+    """What giving up a capture means to the user: under `on_failure="raise"` an error (no
+    GPU is not a failure: the same script is meant to run on CPU), otherwise a warning on
+    rank 0 only (every rank gives up together, and one message is enough) saying that
+    `continues` happens instead."""
+    if on_failure == "raise" and finding.code is not Code.NO_CUDA:
+        raise DdpGraphError(finding)
+    if warn and current_rank() == 0:
+        warnings.warn(f"{finding.format()}\n{continues}", DdpGraphWarning, stacklevel=stacklevel + 1)
+
+
+class UnservedCalls:
+    """The policy for calls a recording cannot serve: "eager" runs them eagerly and warns
+    the first time; "raise" raises the finding. The caller runs the eager call
+    (`eager_call.run_eager_call`)."""
+
+    def __init__(self, policy: OnFailure) -> None:
+        self.policy = policy
+        self.warned = False
+
+    def admit(self, finding: Finding, what_follows: str) -> None:
+        if self.policy == "raise":
+            raise DdpGraphError(finding)
+        if not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"{finding.format()}\n{what_follows} (warned once).",
+                DdpGraphWarning,
+                stacklevel=5,
+            )
