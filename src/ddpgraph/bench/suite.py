@@ -29,6 +29,7 @@ from .registry import Strategy, registered
 from .schema import Report, StrategyResult
 from .table import percent, times
 from .throughput import fill_throughput
+from .varlen_plan import VarLen
 from .workloads import ModelSpec
 
 
@@ -40,6 +41,7 @@ class Plan:
     settings: Settings
     amp: str = "bf16"  # "bf16": bf16 autocast on GPU; "off": fp32
     note: str | None = None  # said before the run: why these models (CPU-sized defaults)
+    varlen: VarLen | None = None  # the variable-length case (`--seq-lens`), else None
 
     def amp_dtype(self, device: torch.device) -> torch.dtype | None:
         return torch.bfloat16 if self.amp == "bf16" and device.type == "cuda" else None
@@ -130,6 +132,7 @@ def describe_setup(info: DistInfo, plan: Plan, argv: list[str]) -> dict[str, Any
             "strategies": [s.name for s in plan.strategies],
             "note": plan.note,
             "step_settings": asdict(DEFAULT_STEP_SETTINGS),
+            "variable_lengths": plan.varlen.describe() if plan.varlen else None,
         },
     }
 
