@@ -178,7 +178,7 @@ def run_varlen(
                     tokens = _mean_tokens(data[row.role], row.role)
                     fill_throughput(result, model.workload.unit, info.world_size * batch_size * tokens)
                     result.varlen = {"role": row.role, "family": row.family, "lengths": _lengths_label(varlen, row.role),
-                                     "buckets": list(varlen.buckets) if row.role in ("bucketed", "pool_reference") else None,
+                                     "buckets": _buckets_of(varlen, row.role),
                                      **sinks.pop(row.strategy.name, {})}
                     eager = result if row.strategy.name == "eager" else eager
                     results.append(result)
@@ -206,6 +206,10 @@ def _mean_tokens(batches: list[Batch], role: str) -> int:
     if role == "bucketed":
         return round(sum(int((y != -100).sum()) for _, y in batches) / sum(y.shape[0] for _, y in batches))
     return round(sum(x.shape[1] for x, _ in batches) / len(batches))
+
+
+def _buckets_of(varlen: VarLen, role: str) -> list[int] | None:
+    return {"bucketed": list(varlen.buckets), "pool_reference": [max(varlen.buckets)]}.get(role)
 
 
 def _lengths_label(varlen: VarLen, role: str) -> str:
