@@ -13,7 +13,15 @@ import torch
 from ddpgraph.app import cli
 from ddpgraph.bench import command, varlen_rows
 from ddpgraph.bench.schema import FeedResult, Report, StrategyResult, validate
-from ddpgraph.bench.varlen_plan import FAMILIES, MIN_WARMUP, VarLen, default_buckets, padded, step_lengths, varlen_batches
+from ddpgraph.bench.varlen_plan import (
+    FAMILIES,
+    MIN_WARMUP,
+    VarLen,
+    default_buckets,
+    padded,
+    step_lengths,
+    varlen_batches,
+)
 from ddpgraph.bench.varlen_report import plot_varlen, varlen_markdown, varlen_summary
 from ddpgraph.buckets import next_bucket
 from ddpgraph.distributed import DistInfo
