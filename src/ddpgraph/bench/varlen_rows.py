@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import torch
-from rich.progress import Progress
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -33,7 +32,7 @@ from .measure import run_strategy
 from .registry import Strategy
 from .schema import StrategyResult
 from .strategies import EMULATED, StepRunner
-from .suite import Plan, progress_line
+from .suite import Plan, case_count, cases, record_result
 from .throughput import fill_throughput
 from .varlen_plan import AGREE_EVERY, MIN_WARMUP, VarLen, padded, step_lengths, varlen_batches
 
@@ -160,33 +159,25 @@ def run_varlen(
     by_name = {s.name: s for s in plan.strategies}
     sinks: dict[str, dict[str, Any]] = {}
     row_list = rows(varlen, by_name["reduce-overhead"], by_name["eager"], settings.warmup, sinks)
-    total = sum(len(plan.batch_sizes[m.name]) for m in plan.models) * len(row_list)
     results: list[StrategyResult] = []
     with progress_bar(info.is_main) as bar:
-        task = bar.add_task("bench", total=total)
-        for model in plan.models:
-            for batch_size in plan.batch_sizes[model.name]:
-                case = Case(model.workload, batch_size, info.device, plan.amp_dtype(info.device))
-                lengths = step_lengths(varlen, settings.warmup, info.rank)
-                data = _data(model, batch_size, lengths, varlen, info.rank)
-                eager: StrategyResult | None = None
-                for row in row_list:
-                    label = f"{model.name} batch {batch_size}: {row.strategy.name}"
-                    bar.update(task, description=label)
-                    sinks.pop(row.strategy.name, None)
-                    result = run_strategy(row.strategy, case, data[row.role], settings, control, profile_here=info.is_main)
-                    tokens = _mean_tokens(data[row.role], row.role)
-                    fill_throughput(result, model.workload.unit, info.world_size * batch_size * tokens)
-                    result.varlen = {"role": row.role, "family": row.family, "lengths": _lengths_label(varlen, row.role),
-                                     "buckets": _buckets_of(varlen, row.role),
-                                     **sinks.pop(row.strategy.name, {})}
-                    eager = result if row.strategy.name == "eager" else eager
-                    results.append(result)
-                    bar.advance(task)
-                    if isinstance(bar, Progress):
-                        bar.console.print(progress_line(result, eager))
-                    if on_result is not None:
-                        on_result(results)
+        task = bar.add_task("bench", total=case_count(plan) * len(row_list))
+        for model, batch_size, case in cases(plan, info):
+            lengths = step_lengths(varlen, settings.warmup, info.rank)
+            data = _data(model, batch_size, lengths, varlen, info.rank)
+            eager: StrategyResult | None = None
+            for row in row_list:
+                label = f"{model.name} batch {batch_size}: {row.strategy.name}"
+                bar.update(task, description=label)
+                sinks.pop(row.strategy.name, None)
+                result = run_strategy(row.strategy, case, data[row.role], settings, control, profile_here=info.is_main)
+                tokens = _mean_tokens(data[row.role], row.role)
+                fill_throughput(result, model.workload.unit, info.world_size * batch_size * tokens)
+                result.varlen = {"role": row.role, "family": row.family, "lengths": _lengths_label(varlen, row.role),
+                                 "buckets": _buckets_of(varlen, row.role),
+                                 **sinks.pop(row.strategy.name, {})}
+                eager = result if row.strategy.name == "eager" else eager
+                record_result(results, result, eager, (bar, task), on_result)
     return results
 
 
