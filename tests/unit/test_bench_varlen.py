@@ -86,6 +86,8 @@ def test_the_plan_of_a_variable_length_run() -> None:
     assert gpt(torch.zeros(2, 48, dtype=torch.long)).shape[:2] == (2, 48)
     assert plan.note is not None and "No CUDA here" in plan.note
     assert [s.name for s in plan.strategies] == ["eager", "reduce-overhead"]
+    # Timed on the device feed only, after a warm-up long enough for each bucket's capture.
+    assert plan.settings.warmup == MIN_WARMUP and not plan.settings.dataloader
     assert command.plan_from_args(parse("--cpu", "--seq-lens", "8:48")).varlen.families == FAMILIES  # type: ignore[union-attr]
 
 

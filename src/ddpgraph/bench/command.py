@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -52,6 +53,7 @@ from .strategies import RECIPE_WARMUP_ITERATIONS
 from .suite import Plan, describe_setup, make_report, run_suite
 from .table import markdown
 from .terminal import output_console, terminal_tables
+from .varlen_plan import MIN_WARMUP as VARLEN_MIN_WARMUP
 from .varlen_plan import VarLen, parse_varlen, sized
 from .varlen_report import is_varlen, plot_varlen, varlen_markdown, varlen_summary, varlen_terminal
 from .varlen_rows import run_varlen
@@ -262,6 +264,8 @@ def varlen_plan_from(args: argparse.Namespace, varlen: VarLen, settings: Setting
     batch = VARLEN_BATCH if on_cuda else VARLEN_CPU_BATCH
     sizes = parse_batch_sizes(args.batch_sizes, models, {m.name: [batch] for m in models})
     note = None if on_cuda else VARLEN_CPU_NOTE
+    # Device feed only: the DataLoader feed would start every capture again on pinned inputs.
+    settings = replace(settings, dataloader=False, warmup=max(settings.warmup, VARLEN_MIN_WARMUP))
     return Plan(models, sizes, select(["eager", "reduce-overhead"]), settings, args.amp, note=note, varlen=varlen)
 
 

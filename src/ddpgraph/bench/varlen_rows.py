@@ -34,7 +34,7 @@ from .schema import StrategyResult
 from .strategies import EMULATED, StepRunner
 from .suite import Plan, case_count, cases, record_result
 from .throughput import fill_throughput
-from .varlen_plan import AGREE_EVERY, MIN_WARMUP, VarLen, padded, step_lengths, varlen_batches
+from .varlen_plan import AGREE_EVERY, VarLen, padded, step_lengths, varlen_batches
 
 _CUDA_GRAPHS = "needs CUDA: it records CUDA graphs"
 _INDUCTOR_ON_CPU = "not run on CPU: inductor's CPU compile takes minutes, and the comparison is about GPUs"
@@ -154,8 +154,7 @@ def run_varlen(
     varlen = plan.varlen
     assert varlen is not None
     control = Control.for_backend(info.backend)
-    # Device feed only: the DataLoader feed would start every capture again on pinned inputs.
-    settings = replace(plan.settings, dataloader=False, warmup=max(plan.settings.warmup, MIN_WARMUP))
+    settings = plan.settings  # device feed only, warm-up of at least MIN_WARMUP (command.py)
     by_name = {s.name: s for s in plan.strategies}
     sinks: dict[str, dict[str, Any]] = {}
     row_list = rows(varlen, by_name["reduce-overhead"], by_name["eager"], settings.warmup, sinks)
