@@ -192,3 +192,14 @@ def test_payload_validates_and_round_trips_through_json(tmp_path: Path) -> None:
     assert (tmp_path / "varlen.png").stat().st_size > 0
     assert "| 8 | whole+buckets | 64:512 | 4.00 | 5.00× | 4 | 4 | 15 (0) | 932 |" in data["markdown"]
     assert "| gpt | 8 | 5.00× | 5.00× | 100% PASS | reduce-overhead 9.00 ms | PASS | 1.02× PASS |" in varlen_markdown(again, data["summary"])
+
+
+def test_presets_are_built_again_for_the_longest_length(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    plan = command.plan_from_args(parse("--cpu", "--seq-lens", "64:512", "--model", "hf-gpt2,hf-llama"))
+    assert [(m.name, m.workload.per_sample) for m in plan.models] == [("hf-gpt2", 512), ("hf-llama", 512)]
+    x, y = plan.models[0].workload.make_batch(2, torch.Generator().manual_seed(0), torch.device("cpu"))
+    assert x.shape == y.shape == (2, 512)
+    argv = ["--seq-lens", "64:2048", "--model", "hf-gpt2"]
+    assert command.main(parse(*argv), argv) == 2
+    assert "expected lengths up to the model's 1024 positions, got 2048" in capsys.readouterr().err
