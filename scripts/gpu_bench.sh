@@ -13,6 +13,8 @@
 #   optimizer        scripts/probes/optimizer_variants.py              (about 2 min)
 #   varlen-gpt       scripts/probes/varlen_bench.py --model gpt        (2-3 min)
 #   varlen-gpt2      scripts/probes/varlen_bench.py --model gpt2       (2-3 min)
+#   varlen-bench     ddpgraph bench --seq-lens 64:512 on gpt, hf-gpt2  (5-9 min; its own
+#                    limit of 570 s, the JSON keeps the rows done if it runs out)
 #   integrations     scripts/probes/integrations_speed.py, torchrun 1  (1-2 min)
 #   watchdog         scripts/bench_watchdog.py --cuda                  (< 1 min)
 #   overhead         scripts/replay_overhead.py (host time per replay, CPU; with
@@ -42,6 +44,8 @@ for stage in "$@"; do
     optimizer) run optimizer python3 scripts/probes/optimizer_variants.py --json "$OUT/optimizer_variants.json" ;;
     varlen-gpt) run varlen-gpt python3 scripts/probes/varlen_bench.py --model gpt ;;
     varlen-gpt2) run varlen-gpt2 python3 scripts/probes/varlen_bench.py --model gpt2 ;;
+    varlen-bench) LIMIT=570 run varlen-bench ddpgraph bench --model gpt,hf-gpt2 --seq-lens 64:512 \
+        --batch-sizes 8 --json "$OUT/varlen-bench.json" --plot "$OUT/varlen-bench.png" ;;
     integrations) run integrations torchrun --standalone --nproc_per_node=1 scripts/probes/integrations_speed.py ;;
     watchdog) run watchdog python3 scripts/bench_watchdog.py --cuda ;;
     overhead)

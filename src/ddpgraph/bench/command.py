@@ -4,6 +4,7 @@
     ddpgraph bench --model gpt,resnet18 --batch-sizes gpt=8,32 resnet18=32,128 \\
         --json bench.json --plot bench.png
     ddpgraph bench --model my_models:make_workload --strategies eager,whole --nproc 2
+    ddpgraph bench --model gpt,hf-gpt2 --seq-lens 64:512      # variable sequence lengths
     torchrun --nproc_per_node=2 -m ddpgraph bench --model gpt
 
 As a plain command it starts one worker per GPU (two CPU workers without CUDA; `--nproc`
@@ -18,6 +19,10 @@ ms/step (median of timing windows, with their spread), speedup over eager, GPU b
 with batches already on the GPU and, unless --no-data-loader, fed by a DataLoader with
 pinned memory. On CPU only the eager strategies run.
 
+With `--seq-lens LOW:HIGH` it runs the variable-sequence-length case instead
+(`varlen_plan`, `varlen_rows`): eager, reduce-overhead and capture_step on lengths drawn
+from that range, and capture_step with length buckets and a family of graphs.
+
 A model of your own: `--model MODULE:FACTORY`, where FACTORY() returns a
 `ddpgraph.app.models.Workload` or a tuple (model, loss, make_batch); see docs/benchmarks.md.
 """
@@ -28,6 +33,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -41,6 +47,7 @@ from ..errors import DdpGraphUsageError, usage_error
 from .compare import fill_speedups, summary
 from .measure import Settings
 from .plot import plot_formats, plot_speedups
+from ..strategies.names import FORMER_BENCH_NAMES
 from .registry import registered, rename_notes, select
 from .schema import Report, StrategyResult
 from .stats import default_window
@@ -48,6 +55,10 @@ from .strategies import RECIPE_WARMUP_ITERATIONS
 from .suite import Plan, describe_setup, make_report, run_suite
 from .table import markdown
 from .terminal import output_console, terminal_tables
+from .varlen_plan import MIN_WARMUP as VARLEN_MIN_WARMUP
+from .varlen_plan import VarLen, parse_varlen, sized
+from .varlen_report import is_varlen, plot_varlen, varlen_markdown, varlen_summary, varlen_terminal
+from .varlen_rows import run_varlen
 from .workloads import (
     CPU_DEFAULT_BATCH_SIZES,
     CPU_DEFAULTS_NOTE,
@@ -61,6 +72,13 @@ DEFAULT_MODELS = "gpt,resnet18"
 # Captured strategies run 11 eager DDP iterations and capture on the 12th call; timing
 # must start after that.
 MIN_WARMUP = RECIPE_WARMUP_ITERATIONS + 1
+# The variable-length case's per-GPU batch: launch-bound, where graphs matter.
+VARLEN_BATCH, VARLEN_CPU_BATCH = 8, 4
+VARLEN_CPU_NOTE = (
+    "No CUDA here: the variable-length case runs its eager rows and its capture_step rows "
+    "emulated on CPU (no CUDA graphs); reduce-overhead and compile rows need CUDA. The times "
+    "check the setup, not the speed."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,6 +155,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write a plot of speedup against batch size to this file (.png, .svg, .pdf)",
     )
     parser.add_argument(
+        "--seq-lens",
+        default=None,
+        metavar="LOW:HIGH",
+        help="the variable-sequence-length case: each step's length drawn uniformly from LOW..HIGH (seeded), for sequence models (gpt, hf-gpt2, hf-llama, token factories)",
+    )
+    parser.add_argument(
+        "--buckets",
+        default=None,
+        help="bucket lengths for --seq-lens, e.g. 64,128,256,512 (default: HIGH and its halves down to LOW, at most four)",
+    )
+    parser.add_argument(
         "--cpu", action="store_true", help="run on CPU processes even if CUDA is available"
     )
     parser.add_argument(
@@ -167,7 +196,8 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
             if args.json_path:
                 write_json(args.json_path, payload(make_report(setup, results)))
 
-        results = run_suite(info, plan, on_result=save if info.is_main else None)
+        run = run_varlen if plan.varlen else run_suite
+        results = run(info, plan, on_result=save if info.is_main else None)
         if info.is_main:
             publish(make_report(setup, results), args.json_path, args.plot_path)
     finally:
@@ -192,6 +222,10 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     arguments.output_file("--plot", args.plot_path, "bench.png", plot_formats())
     on_cuda = torch.cuda.is_available() and not args.cpu
     cpu_defaults = args.model is None and not on_cuda
+    names = strategy_names(args.strategies)
+    varlen = parse_varlen(args.seq_lens, args.buckets, None if names is None else [FORMER_BENCH_NAMES.get(n, n) for n in names])
+    if varlen is not None:
+        return varlen_plan_from(args, varlen, settings_from(args), on_cuda)
     if cpu_defaults:
         models = cpu_default_models()
     else:
@@ -202,15 +236,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
             "expected at least one model, got none",
             f"for example `--model {DEFAULT_MODELS}`",
         )
-    names = strategy_names(args.strategies)
-    settings = Settings(
-        steps=args.steps,
-        warmup=args.warmup,
-        window=default_window(args.steps),
-        profile_steps=args.profile_steps,
-        dataloader=args.data_loader,
-        loader_workers=args.loader_workers,
-    )
+    settings = settings_from(args)
     defaults = CPU_DEFAULT_BATCH_SIZES if cpu_defaults else DEFAULT_BATCH_SIZES
     return Plan(
         models,
@@ -237,6 +263,29 @@ RENAMES_CAPTION = (
 )
 
 
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(
+        steps=args.steps,
+        warmup=args.warmup,
+        window=default_window(args.steps),
+        profile_steps=args.profile_steps,
+        dataloader=args.data_loader,
+        loader_workers=args.loader_workers,
+    )
+
+
+def varlen_plan_from(args: argparse.Namespace, varlen: VarLen, settings: Settings, on_cuda: bool) -> Plan:
+    """The variable-length case: sequence models only (gpt by default), batch 8 (4 on CPU)."""
+    specs = [m for m in (args.model or "gpt").split(",") if m.strip()]
+    models = [sized(m, varlen.high, cpu_sized=args.model is None and not on_cuda) for m in resolve_models(specs)]
+    batch = VARLEN_BATCH if on_cuda else VARLEN_CPU_BATCH
+    sizes = parse_batch_sizes(args.batch_sizes, models, {m.name: [batch] for m in models})
+    note = None if on_cuda else VARLEN_CPU_NOTE
+    # Device feed only: the DataLoader feed would start every capture again on pinned inputs.
+    settings = replace(settings, dataloader=False, warmup=max(settings.warmup, VARLEN_MIN_WARMUP))
+    return Plan(models, sizes, select(["eager", "reduce-overhead"]), settings, args.amp, note=note, varlen=varlen)
+
+
 def strategy_table() -> Table:
     table = Table(
         title="ddpgraph bench strategies", title_justify="left", caption=RENAMES_CAPTION, caption_justify="left"
@@ -252,6 +301,9 @@ def strategy_table() -> Table:
 def payload(report: Report) -> dict[str, Any]:
     """The JSON document: results with speedups filled in, summary and Markdown tables."""
     fill_speedups(report)
+    if is_varlen(report):
+        rows = varlen_summary(report)
+        return report.to_dict(summary=rows, markdown=varlen_markdown(report, rows))
     rows = summary(report)
     return report.to_dict(summary=rows, markdown=markdown(report, rows))
 
@@ -268,13 +320,14 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 def publish(report: Report, json_path: str | None, plot_path: str | None) -> None:
     data = payload(report)
     out = output_console()
-    for part in terminal_tables(report, data["summary"]):
+    tables = varlen_terminal if is_varlen(report) else terminal_tables
+    for part in tables(report, data["summary"]):
         out.print(part)
     if json_path:
         write_json(json_path, data)
         out.print(f"Results written to {json_path}")
     if plot_path:
-        if plot_speedups(report, plot_path):
+        if (plot_varlen if is_varlen(report) else plot_speedups)(report, plot_path):
             out.print(f"Plot written to {plot_path}")
         else:
             print(

@@ -19,6 +19,10 @@ kernel time over step time, which counts overlapping streams twice). `gpu_timeli
 `active_ms_per_step` with any kernel, copy or memset running, `idle_ms_per_step` with none,
 and the idle gaps (`gaps_per_step`, `median_gap_us`, `p90_gap_us`, `max_gap_us`,
 `short_gaps_ms_per_step`: the idle time in gaps of at most `short_gap_us`).
+A result's `varlen` (the variable-length case, `--seq-lens`) holds its `role` (variable,
+bucketed, fixed, pool_reference), `family`, `lengths`, `buckets`, and for capture_step rows
+`graphs_held`, `captures`, `replays`, `eager_steps`, `eager_after_warmup`, `pool_mib`;
+setup.settings.variable_lengths then describes the case (None otherwise).
 A feed's `throughput` is `units_per_step` (world size × batch size × tokens per sequence,
 or images) per second, in the result's `throughput_unit`.
 Times are milliseconds, except `capture_s` and `wall_s` (seconds) and the gaps (µs).
@@ -90,6 +94,9 @@ class StrategyResult:
     wall_s: float | None = None
     throughput_unit: str | None = None  # "tokens", "images", "samples"
     units_per_step: int | None = None  # all ranks together
+    # A row of the variable-length case (`--seq-lens`): its role, lengths, buckets and
+    # graph counts (`varlen_rows`); None in the fixed-shape bench.
+    varlen: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StrategyResult:
@@ -176,6 +183,7 @@ _RESULT_FIELDS: dict[str, tuple[type, ...]] = {
     "wall_s": (*_NUMBER, type(None)),
     "throughput_unit": (str, type(None)),
     "units_per_step": (int, type(None)),
+    "varlen": (dict, type(None)),
 }
 
 
@@ -227,7 +235,7 @@ def _check_result(i: int, result: Any) -> list[str]:
 
 # Fields added in version 2 (gpu_timeline) or later within it (the throughput): files
 # written before lack them.
-_ADDED_FIELDS = frozenset({"gpu_timeline", "throughput", "throughput_unit", "units_per_step"})
+_ADDED_FIELDS = frozenset({"gpu_timeline", "throughput", "throughput_unit", "units_per_step", "varlen"})
 
 
 def _check_fields(where: str, obj: dict[str, Any], spec: dict[str, tuple[type, ...]]) -> list[str]:

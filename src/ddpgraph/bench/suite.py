@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -29,6 +29,7 @@ from .registry import Strategy, registered
 from .schema import Report, StrategyResult
 from .table import percent, times
 from .throughput import fill_throughput
+from .varlen_plan import VarLen
 from .workloads import ModelSpec
 
 
@@ -40,6 +41,7 @@ class Plan:
     settings: Settings
     amp: str = "bf16"  # "bf16": bf16 autocast on GPU; "off": fp32
     note: str | None = None  # said before the run: why these models (CPU-sized defaults)
+    varlen: VarLen | None = None  # the variable-length case (`--seq-lens`), else None
 
     def amp_dtype(self, device: torch.device) -> torch.dtype | None:
         return torch.bfloat16 if self.amp == "bf16" and device.type == "cuda" else None
@@ -52,39 +54,59 @@ def run_suite(
     on_result: Callable[[list[StrategyResult]], None] | None = None,
 ) -> list[StrategyResult]:
     control = Control.for_backend(info.backend)
-    total = sum(len(plan.batch_sizes[m.name]) for m in plan.models) * len(plan.strategies)
     results: list[StrategyResult] = []
     with progress_bar(info.is_main) as bar:
-        task = bar.add_task("bench", total=total)
-        for model in plan.models:
-            for batch_size in plan.batch_sizes[model.name]:
-                case = Case(model.workload, batch_size, info.device, plan.amp_dtype(info.device))
-                batches = host_batches(model.workload, batch_size, info.rank)
-                eager: StrategyResult | None = None
-                for strategy in plan.strategies:
-                    label = f"{model.name} batch {batch_size}: {strategy.name}"
-                    bar.update(task, description=label)
-                    result = run_strategy(
-                        strategy,
-                        case,
-                        batches,
-                        plan.settings,
-                        control,
-                        profile_here=info.is_main,
-                        on_phase=lambda phase, label=label: bar.update(  # type: ignore[misc]
-                            task, description=f"{label} ({phase})"
-                        ),
-                    )
-                    per_step = info.world_size * batch_size * model.workload.per_sample
-                    fill_throughput(result, model.workload.unit, per_step)
-                    eager = result if strategy.name == "eager" else eager
-                    results.append(result)
-                    bar.advance(task)
-                    if isinstance(bar, Progress):
-                        bar.console.print(progress_line(result, eager))
-                    if on_result is not None:
-                        on_result(results)
+        task = bar.add_task("bench", total=case_count(plan) * len(plan.strategies))
+        for model, batch_size, case in cases(plan, info):
+            batches = host_batches(model.workload, batch_size, info.rank)
+            eager: StrategyResult | None = None
+            for strategy in plan.strategies:
+                label = f"{model.name} batch {batch_size}: {strategy.name}"
+                bar.update(task, description=label)
+                result = run_strategy(
+                    strategy,
+                    case,
+                    batches,
+                    plan.settings,
+                    control,
+                    profile_here=info.is_main,
+                    on_phase=lambda phase, label=label: bar.update(  # type: ignore[misc]
+                        task, description=f"{label} ({phase})"
+                    ),
+                )
+                per_step = info.world_size * batch_size * model.workload.per_sample
+                fill_throughput(result, model.workload.unit, per_step)
+                eager = result if strategy.name == "eager" else eager
+                record_result(results, result, eager, (bar, task), on_result)
     return results
+
+
+def case_count(plan: Plan) -> int:
+    return sum(len(plan.batch_sizes[m.name]) for m in plan.models)
+
+
+def cases(plan: Plan, info: DistInfo) -> Iterator[tuple[ModelSpec, int, Case]]:
+    """Every (model, batch size) of the plan, with its case on this rank's device."""
+    for model in plan.models:
+        for batch_size in plan.batch_sizes[model.name]:
+            yield model, batch_size, Case(model.workload, batch_size, info.device, plan.amp_dtype(info.device))
+
+
+def record_result(
+    results: list[StrategyResult],
+    result: StrategyResult,
+    eager: StrategyResult | None,
+    progress: tuple[Any, Any],
+    on_result: Callable[[list[StrategyResult]], None] | None,
+) -> None:
+    """Add `result`, advance the progress bar, print its line on rank 0, save so far."""
+    results.append(result)
+    bar, task = progress
+    bar.advance(task)
+    if isinstance(bar, Progress):
+        bar.console.print(progress_line(result, eager))
+    if on_result is not None:
+        on_result(results)
 
 
 def progress_line(result: StrategyResult, eager: StrategyResult | None) -> str:
@@ -130,6 +152,7 @@ def describe_setup(info: DistInfo, plan: Plan, argv: list[str]) -> dict[str, Any
             "strategies": [s.name for s in plan.strategies],
             "note": plan.note,
             "step_settings": asdict(DEFAULT_STEP_SETTINGS),
+            "variable_lengths": plan.varlen.describe() if plan.varlen else None,
         },
     }
 

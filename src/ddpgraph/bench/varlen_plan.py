@@ -1,0 +1,202 @@
+"""The variable-sequence-length case of `ddpgraph bench`: its arguments and its batches.
+
+    ddpgraph bench --model gpt,hf-gpt2 --seq-lens 64:512 [--buckets 64,128,256,512]
+
+Dynamic padding gives each step its own sequence length. Here each step's length is drawn
+uniformly from LOW..HIGH (inclusive) by a generator seeded with `LENGTHS_SEED` + rank, one
+length per warm-up step; the timed and profiled steps then go over the same lengths again,
+in the same order, as a second epoch over the same data would. So every row is timed in
+its steady state (each length's first-use costs, and `reduce-overhead`'s recording of a
+new size, fall in its warm-up), and every row sees the same lengths in the same order.
+
+A step's batch at length T is the workload's batch at HIGH tokens cut to its first T
+tokens. The bucketed rows train on the same batches padded at the end to the next bucket
+by `ddpgraph.pad_to_bucket`: inputs with 0, labels with -100, which cross-entropy's
+`ignore_index` leaves out of the loss, so padding changes no loss (a user's loss must
+ignore -100 labels too, as `F.cross_entropy` does by default).
+
+Default buckets: HIGH and its halves (rounded up) that are at least LOW, at most four:
+64:512 gives 64,128,256,512; 100:1000 gives 125,250,500,1000.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ..app.models import CPU_GPT_CONFIG, GPTConfig, gpt_workload
+from ..buckets import pad_to_bucket
+from ..errors import usage_error
+from .feeds import DATA_SEED, Batch
+from .presets import hf_gpt2, hf_llama
+from .workloads import ModelSpec
+
+LENGTHS_SEED = 4321
+# Warm-up steps (one length each) at least: DDP's 11 iterations and the first capture,
+# then room for each bucket's first eager call and its capture.
+MIN_WARMUP = 40
+MAX_BUCKETS = 4
+# With peers, a graph is added only on a decision point: every `agree_every`-th call.
+AGREE_EVERY = 4
+# Row families, the strategy names the rows belong to (`--strategies` picks among them).
+FAMILIES = ("eager", "reduce-overhead", "whole", "compile")
+PADDING_NOTE = (
+    "Bucketed rows pad each batch at the end to the next bucket; padded labels are -100 "
+    "(cross-entropy's ignore_index), so padding is left out of the loss."
+)
+# Presets built again at the longest length; the longest each model's positions allow.
+_RESIZABLE = {"hf-gpt2": (hf_gpt2, 1024), "hf-llama": (hf_llama, 2048)}
+
+
+@dataclass(frozen=True)
+class VarLen:
+    low: int
+    high: int
+    buckets: tuple[int, ...]
+    families: tuple[str, ...] = FAMILIES
+
+    @property
+    def fixed_len(self) -> int:
+        """The fixed-shape reference rows' length: the mean of the drawn lengths."""
+        return (self.low + self.high) // 2
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "seq_lens": [self.low, self.high],
+            "buckets": list(self.buckets),
+            "fixed_len": self.fixed_len,
+            "lengths_seed": LENGTHS_SEED,
+            "agree_every": AGREE_EVERY,
+            "families": list(self.families),
+            "padding": PADDING_NOTE,
+        }
+
+
+def parse_varlen(seq_lens: str | None, buckets: str | None, strategies: list[str] | None) -> VarLen | None:
+    """`--seq-lens LOW:HIGH`, `--buckets` and `--strategies` checked; None without --seq-lens."""
+    if seq_lens is None:
+        if buckets is not None:
+            raise usage_error("`--buckets`", "expected it with `--seq-lens`, got it alone", "add `--seq-lens LOW:HIGH`, e.g. `--seq-lens 64:512`")
+        return None
+    low, high = _range(seq_lens)
+    chosen = default_buckets(low, high) if buckets is None else _buckets(buckets, low, high)
+    families = FAMILIES if strategies is None else _families(strategies)
+    return VarLen(low, high, chosen, families)
+
+
+def default_buckets(low: int, high: int) -> tuple[int, ...]:
+    """HIGH and its halves (rounded up) down to LOW, at most `MAX_BUCKETS`."""
+    picks = [-(-high // 2**k) for k in range(MAX_BUCKETS)]
+    return tuple(sorted({b for b in picks if b >= low}))
+
+
+def _range(text: str) -> tuple[int, int]:
+    low_text, sep, high_text = text.partition(":")
+    try:
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        low = high = 0
+    if not sep or low < 1 or high <= low:
+        raise usage_error(
+            "`--seq-lens`",
+            f"expected LOW:HIGH with 1 <= LOW < HIGH, got {text!r}",
+            "give the range the lengths are drawn from, e.g. `--seq-lens 64:512`; for one length, leave it out",
+        )
+    return low, high
+
+
+def _buckets(text: str, low: int, high: int) -> tuple[int, ...]:
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        raise usage_error("`--buckets`", f"expected positive lengths like `64,128,256,512`, got {text!r}", "give bucket lengths separated by commas")
+    if values[-1] < high:
+        raise usage_error(
+            "`--buckets`",
+            f"expected the largest bucket to hold the longest length {high}, got {text!r}",
+            f"add a bucket of at least {high}, or lower the HIGH of --seq-lens",
+        )
+    unused = [b for b in values if b < low]
+    if unused:
+        raise usage_error(
+            "`--buckets`",
+            f"bucket(s) {', '.join(map(str, unused))} are shorter than every length of --seq-lens {low}:{high}",
+            f"give buckets of at least {low}; they would never be used",
+        )
+    return tuple(values)
+
+
+def _families(names: list[str]) -> tuple[str, ...]:
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown or not names:
+        raise usage_error(
+            "`--strategies` with `--seq-lens`",
+            f"expected names from {', '.join(FAMILIES)}, got {', '.join(map(repr, unknown)) or 'none'}",
+            "the variable-length case has rows of these strategies; leave --strategies out for all of them",
+        )
+    return tuple(f for f in FAMILIES if f in names)
+
+
+def sized(model: ModelSpec, high: int, *, cpu_sized: bool) -> ModelSpec:
+    """The workload able to train sequences of `high` tokens; a usage error if none is."""
+    workload = model.workload
+    if workload.unit != "tokens":
+        raise usage_error(
+            f"`--seq-lens` with `--model {model.spec}`",
+            f"expected a sequence workload (batches of tokens), got one of {workload.unit}",
+            "use --seq-lens with gpt, hf-gpt2, hf-llama or a MODULE:FACTORY whose Workload has unit='tokens', "
+            f"or leave {model.spec} out",
+        )
+    if model.spec == "gpt":
+        config = CPU_GPT_CONFIG if cpu_sized else GPTConfig()
+        return ModelSpec(model.spec, gpt_workload(replace(config, block=high)))
+    if model.spec in _RESIZABLE:
+        make, longest = _RESIZABLE[model.spec]
+        if high > longest:
+            raise usage_error(
+                f"`--seq-lens` with `--model {model.spec}`",
+                f"expected lengths up to the model's {longest} positions, got {high}",
+                f"use a HIGH of at most {longest}",
+            )
+        return ModelSpec(model.spec, make(seq_len=high))
+    if workload.per_sample < high:
+        raise usage_error(
+            f"`--seq-lens` with `--model {model.spec}`",
+            f"the factory's batches have {workload.per_sample} tokens per sequence, fewer than the longest length {high}",
+            f"make the Workload's batches (and `per_sample`) at least {high} tokens long, or lower HIGH",
+        )
+    return model
+
+
+def step_lengths(varlen: VarLen, count: int, rank: int) -> list[int]:
+    """The per-step lengths of this rank: the same for every row."""
+    gen = torch.Generator().manual_seed(LENGTHS_SEED + rank)
+    return [int(t) for t in torch.randint(varlen.low, varlen.high + 1, (count,), generator=gen)]
+
+
+def varlen_batches(model: ModelSpec, batch_size: int, lengths: list[int], rank: int) -> list[Batch]:
+    """One host batch per length: the workload's batch cut to that length."""
+    gen = torch.Generator().manual_seed(DATA_SEED + rank)
+    out = []
+    for length in lengths:
+        x, y = model.workload.make_batch(batch_size, gen, torch.device("cpu"))
+        full = x.shape[1]
+        out.append((_cut(x, full, length), _cut(y, full, length)))
+    return out
+
+
+def padded(batches: list[Batch], buckets: tuple[int, ...]) -> list[Batch]:
+    """The batches padded at the end to the next bucket (labels -100: not in the loss)."""
+    out = []
+    for x, y in batches:
+        b = pad_to_bucket({"input_ids": x, "labels": y}, buckets)
+        out.append((b["input_ids"], b["labels"]))
+    return out
+
+
+def _cut(t: torch.Tensor, full: int, length: int) -> torch.Tensor:
+    return t[:, :length].contiguous() if t.dim() > 1 and t.shape[1] == full else t
