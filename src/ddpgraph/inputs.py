@@ -201,15 +201,26 @@ class StaticInputs:
                 self.buffers.append(buf.requires_grad_(leaf.requires_grad))
             else:
                 self.buffers.append(leaf)
+        self._grad_buffers = any(isinstance(b, torch.Tensor) and b.requires_grad for b in self.buffers)
 
     def call_args(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return unflatten_call(self.buffers, self.spec)
 
     def copy_in(self, leaves: list[Any]) -> None:
-        with torch.no_grad():
-            for buf, leaf in zip(self.buffers, leaves, strict=True):
-                if isinstance(leaf, torch.Tensor) and leaf is not buf:
-                    buf.copy_(leaf, non_blocking=True)
+        """Copy a call the signature serves into the buffers. Only a buffer that requires
+        grad needs grad mode off for its in-place copy; a served call's tensors require
+        grad exactly where the buffers do, and entering `no_grad` costs about what a small
+        copy does, so the usual call does without."""
+        if self._grad_buffers:
+            with torch.no_grad():
+                self._copy(leaves)
+        else:
+            self._copy(leaves)
+
+    def _copy(self, leaves: list[Any]) -> None:
+        for buf, leaf in zip(self.buffers, leaves, strict=True):
+            if isinstance(leaf, torch.Tensor) and leaf is not buf:
+                buf.copy_(leaf, non_blocking=True)
 
 
 def stage_device(t: torch.Tensor, device: torch.device | None) -> torch.device:

@@ -53,13 +53,15 @@ def test_preset_trains_as_eager_does(preset: str, results: dict[str, list[dict[s
     for r in ok(results[f"preset_{preset.replace('-', '_')}"]):
         if "skipped" in r:
             pytest.skip(r["skipped"])
-        exact = max(1e-5, 2 * r["control_rel_diff"])
         warnings.warn(
-            f"{preset}: captured against eager {r['param_rel_diff']:.2e}, against eager on the recording's "
-            f"library branch {r['library_path_rel_diff']:.2e}, eager against eager {r['control_rel_diff']:.2e}",
+            f"{preset}: captured against eager {r['param_rel_diff']:.2e} (eager against itself "
+            f"{r['control_rel_diff']:.2e}); against eager on the recording's library branch "
+            f"{r['library_path_rel_diff']:.2e} (that branch against itself {r['library_path_control_rel_diff']:.2e})",
             stacklevel=1,
         )
-        assert min(r["param_rel_diff"], r["library_path_rel_diff"]) <= exact, r
+        as_eager = r["param_rel_diff"] <= max(1e-5, 2 * r["control_rel_diff"])
+        as_branch = r["library_path_rel_diff"] <= max(1e-5, 2 * r["library_path_control_rel_diff"])
+        assert as_eager or as_branch, r
         assert r["param_rel_diff"] <= KERNEL_ROUNDING_TOL, r
 
 

@@ -44,10 +44,10 @@ from ..app.console import console
 from ..app.launch import run_under_torchrun
 from ..distributed import init_distributed, launched_by_torchrun, shutdown
 from ..errors import DdpGraphUsageError, usage_error
+from ..strategies.names import FORMER_BENCH_NAMES
 from .compare import fill_speedups, summary
 from .measure import Settings
 from .plot import plot_formats, plot_speedups
-from ..strategies.names import FORMER_BENCH_NAMES
 from .registry import registered, rename_notes, select
 from .schema import Report, StrategyResult
 from .stats import default_window
