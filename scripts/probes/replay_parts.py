@@ -1,0 +1,72 @@
+"""Host time of the parts of one replayed call, on the demo GPT (77 parameter tensors).
+
+    python scripts/probes/replay_parts.py        # CPU, about 20 s
+
+The same setup as scripts/replay_overhead.py (gloo, world size 1, a backend whose replay
+does nothing), then each piece the replay path runs, timed alone: fastest of 7 rounds of
+3000 calls, in µs per call. The pieces overlap (`optim.check` includes
+`safe.before_replay`); they say where the whole call's time goes, not a sum.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from replay_overhead import IdleBackend
+
+import ddpgraph
+from ddpgraph.app.models import GPTConfig, gpt_workload
+from ddpgraph.inputs import flatten_call
+
+
+def timed(name: str, fn: Callable[[], Any], n: int = 3000) -> None:
+    best = min(timeit.timeit(fn, number=n) / n * 1e6 for _ in range(7))
+    print(f"{name:28s} {best:7.2f} us")
+
+
+def main() -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29544")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    torch.set_num_threads(1)
+    work = gpt_workload(GPTConfig())
+    model = ddpgraph.prepare_ddp(work.build())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = work.make_batch(2, torch.Generator().manual_seed(0), torch.device("cpu"))
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = work.loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=IdleBackend())
+    while step.state is not ddpgraph.StepState.CAPTURED:
+        step(x, y)
+    record = step._record
+    assert record is not None and step._layout is not None
+    leaves, spec = flatten_call((x, y), {})
+    timed("whole call", lambda: step(x, y))
+    timed("layout.check", step._layout.check)
+    timed("optim.check", lambda: step._optim.check("eager"))
+    timed("safe.before_replay", step._optim._safe.before_replay)
+    timed("after_replay", lambda: step._policy_after_replay(record))
+    timed("flatten_call", lambda: flatten_call((x, y), {}))
+    timed("recording.replay", lambda: record.recording.replay(leaves))
+    timed("family.select", lambda: step._family.select(record, leaves, spec))
+    timed("policy_unserved", lambda: step._policy_unserved(record, (x, y), {}, leaves, spec))
+    step.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
