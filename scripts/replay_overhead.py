@@ -53,12 +53,9 @@ class IdleBackend:
         return _IdleGraph(fn())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--calls", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--no-watchdog", action="store_true", help="replay_timeout=None: the guards alone")
-    args = parser.parse_args()
+def captured_demo_step(**options: Any) -> tuple[Any, torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """The demo GPT's step captured on the idle backend (gloo, world size 1), its model
+    and one batch; `options` go to `capture_step`."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -75,10 +72,19 @@ def main() -> None:
         opt.step()
         return loss.detach()
 
-    watchdog = {"replay_timeout": None} if args.no_watchdog else {}
-    step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=IdleBackend(), **watchdog)
+    step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=IdleBackend(), **options)
     while step.state is not ddpgraph.StepState.CAPTURED:
         step(x, y)
+    return step, model, x, y
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--no-watchdog", action="store_true", help="replay_timeout=None: the guards alone")
+    args = parser.parse_args()
+    step, model, x, y = captured_demo_step(**({"replay_timeout": None} if args.no_watchdog else {}))
     rounds = []
     for _ in range(args.rounds):
         start = time.perf_counter()

@@ -16,14 +16,11 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from replay_overhead import IdleBackend
+from replay_overhead import captured_demo_step
 
-import ddpgraph
-from ddpgraph.app.models import GPTConfig, gpt_workload
 from ddpgraph.inputs import flatten_call
 
 
@@ -33,25 +30,7 @@ def timed(name: str, fn: Callable[[], Any], n: int = 3000) -> None:
 
 
 def main() -> None:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29544")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    torch.set_num_threads(1)
-    work = gpt_workload(GPTConfig())
-    model = ddpgraph.prepare_ddp(work.build())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = work.make_batch(2, torch.Generator().manual_seed(0), torch.device("cpu"))
-
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        loss = work.loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=IdleBackend())
-    while step.state is not ddpgraph.StepState.CAPTURED:
-        step(x, y)
+    step, _, x, y = captured_demo_step()
     record = step._record
     assert record is not None and step._layout is not None
     leaves, spec = flatten_call((x, y), {})

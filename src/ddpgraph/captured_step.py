@@ -269,7 +269,8 @@ class CapturedStep(FamilySteps[R]):
         if parity is None:
             return self._replay(record, leaves)
         makers = [r.snapshot for r in self._restorables]
-        check = ParityRun(parity, self._model, self._optim.optimizers, self._generators, makers)
+        branch = self._library_syncs[0] if self._library_syncs else None
+        check = ParityRun(parity, self._model, self._optim.optimizers, self._generators, makers, branch)
         out = check.run(lambda: self._eager(leaves, spec), lambda: self._replay(record, leaves))
         decision = self._decide(self._outcome([check.finding] if check.finding else []))
         if decision.ok:

@@ -149,8 +149,12 @@ class ParityRun:
         optimizers: Sequence[Optimizer],
         generators: Sequence[torch.Generator] = (),
         undo: Sequence[Callable[[], Callable[[], None]]] = (),
+        library_branch: Finding | None = None,
     ) -> None:
         self.check = check
+        # A host synchronisation an installed library made in the probe step and skips
+        # while a graph is recorded: the graph runs that library's other branch there.
+        self.library_branch = library_branch
         self.model = model
         self.optimizers = list(optimizers)
         self.generators = list(generators)
@@ -191,13 +195,27 @@ class ParityRun:
         if worst <= self.check.rtol:
             return None
         tolerance = "bit-for-bit equality" if self.check.rtol == 0 else f"rtol={self.check.rtol:g}"
-        return Finding(
-            Code.PARITY_MISMATCH,
+        happened = (
             f"the replayed step differs from the same step run eagerly: parameters by "
             f"{self.parameter_difference:.3g}, outputs by {self.output_difference:.3g} "
-            f"(largest relative difference of a tensor; asked for {tolerance})",
-            subject="`capture_step(parity=...)`",
-            ranks=(current_rank(),),
+            f"(largest relative difference of a tensor; asked for {tolerance})"
+        )
+        fix = ""
+        if self.library_branch is not None:
+            branch = self.library_branch
+            where = str(branch.location) if branch.location else branch.subject
+            happened += (
+                f". The likely cause: a library computes part of the step another way while a "
+                f"graph is recorded; in eager steps it synchronised with the host at {where}, "
+                "which it skips while recording (transformers does, to build attention masks)"
+            )
+            fix = (
+                "the graph is right for any input, and differs from eager by that branch's "
+                "rounding: accept it with `ParityCheck(rtol=...)` above the size measured here, "
+                "or keep eager steps where bit-for-bit equality with eager training matters"
+            )
+        return Finding(
+            Code.PARITY_MISMATCH, happened, fix, subject="`capture_step(parity=...)`", ranks=(current_rank(),)
         )
 
 

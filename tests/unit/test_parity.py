@@ -99,3 +99,22 @@ def test_a_mismatch_with_on_failure_raise(make_run, batches) -> None:
         run.train(batches(13), step)
     assert info.value.code is Code.PARITY_MISMATCH
     assert "bit-for-bit" in str(info.value)
+
+
+def test_a_mismatch_after_a_library_synchronised_names_that_branch_as_the_likely_cause() -> None:
+    # A library that synchronised in the probe step and skips it while a graph is recorded
+    # (transformers' mask building) runs another branch in the graph: the finding says so.
+    from ddpgraph.findings import Finding, Location
+    from ddpgraph.parity import ParityRun
+
+    model = torch.nn.Linear(2, 2)
+    sync = Finding(Code.HOST_SYNC_IN_CAPTURE, "a host read", location=Location("transformers/masking_utils.py", 761))
+    with_branch = ParityRun(ParityCheck(rtol=0.0), model, [], library_branch=sync)
+    plain = ParityRun(ParityCheck(rtol=0.0), model, [])
+    for run in (with_branch, plain):
+        run.parameter_difference = 2.1e-4
+    named, unnamed = with_branch._judge(), plain._judge()
+    assert named is not None and unnamed is not None
+    assert named.code is unnamed.code is Code.PARITY_MISMATCH and "0.00021" in named.happened
+    assert "transformers/masking_utils.py:761" in named.happened and "ParityCheck(rtol=" in named.fix
+    assert "likely cause" not in unnamed.happened and unnamed.fix == ""
