@@ -42,7 +42,7 @@ from .parity import ParityRun
 from .probe import host_sync_probe
 from .probe_checks import ProbeWatch
 from .rng import generators_refusal
-from .same_path import eager_code_paths
+from .same_path import eager_code_paths, report_capture_branch
 from .snapshot import Restorable, failed_capture_undo
 from .step_optimizers import StepOptimizers
 from .step_record import Captured, Report, StepState, has_peers
@@ -238,6 +238,7 @@ class CapturedStep(FamilySteps[R]):
     def _policy_captured(self) -> None:
         self._optim.remember()
         self._layout = ParamLayout(self._model)
+        report_capture_branch(self._library_syncs, current_rank())
 
     def _policy_explain(self, finding: Finding) -> Finding:
         # A capture that failed with no cause of its own, after a library synchronised in
