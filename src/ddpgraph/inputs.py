@@ -109,6 +109,10 @@ def check_supported(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         )
 
 
+def _flat_metas(leaves: list[torch.Tensor]) -> list[tuple[Any, ...]]:
+    return [(x.shape, x.dtype, x.device, x.requires_grad) for x in leaves]
+
+
 class Signature:
     """What must stay the same between the captured call and a replayed one."""
 
@@ -120,14 +124,12 @@ class Signature:
         ]
         # `step(t1, t2, ...)`: the same facts as `TensorMeta.matches`, compared as one list
         # of tuples in C (shape as a `torch.Size`, so that it compares in C too).
-        self._flat: list[tuple[Any, ...]] | None = (
-            [(x.shape, x.dtype, x.device, x.requires_grad) for x in leaves] if isinstance(spec, _FlatTensors) else None
-        )
+        self._flat = _flat_metas(leaves) if isinstance(spec, _FlatTensors) else None
 
     def matches(self, leaves: list[Any], spec: Any) -> bool:
         """The per-call check; kept to comparisons, since it runs before every replay."""
         if self._flat is not None and type(spec) is _FlatTensors:
-            return [(x.shape, x.dtype, x.device, x.requires_grad) for x in leaves] == self._flat
+            return _flat_metas(leaves) == self._flat
         if len(leaves) != len(self.leaves) or spec != self.spec:
             return False
         for want, got in zip(self.leaves, leaves, strict=True):

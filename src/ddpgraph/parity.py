@@ -37,6 +37,7 @@ from torch.utils._pytree import tree_leaves
 from .distributed import current_rank
 from .errors import usage_error
 from .findings import Code, Finding
+from .same_path import synchronised_at
 
 R = TypeVar("R")
 
@@ -202,8 +203,7 @@ class ParityRun:
         )
         fix = ""
         if self.library_branch is not None:
-            branch = self.library_branch
-            where = str(branch.location) if branch.location else branch.subject
+            where = synchronised_at(self.library_branch)
             happened += (
                 f". The likely cause: a library computes part of the step another way while a "
                 f"graph is recorded; in eager steps it synchronised with the host at {where}, "

@@ -54,14 +54,18 @@ def eager_code_paths() -> Iterator[None]:
             setattr(module, name, original)
 
 
+def synchronised_at(sync: Finding) -> str:
+    """Where a library's host synchronisation in the probe step was: its line, or what made it."""
+    return str(sync.location) if sync.location else sync.subject
+
+
 def report_capture_branch(library_syncs: Sequence[Finding], rank: int) -> None:
     """After a capture that left a library its capture-time branch (it synchronised with
     the host in the probe step, and skips that while recording): say so, on rank 0, since
     the graph then computes that part of the step another way than the eager steps."""
     if not library_syncs or rank != 0:
         return
-    sync = library_syncs[0]
-    where = str(sync.location) if sync.location else sync.subject
+    where = synchronised_at(library_syncs[0])
     log.warning(
         "captured; in the eager steps a library synchronised with the host at %s, which it "
         "skips while a graph is recorded, so the graph computes that part of the step another "

@@ -44,7 +44,7 @@ from ..app.console import console
 from ..app.launch import run_under_torchrun
 from ..distributed import init_distributed, launched_by_torchrun, shutdown
 from ..errors import DdpGraphUsageError, usage_error
-from ..strategies.names import FORMER_BENCH_NAMES
+from ..strategies.names import current_names
 from .compare import fill_speedups, summary
 from .measure import Settings
 from .plot import plot_formats, plot_speedups
@@ -223,7 +223,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     on_cuda = torch.cuda.is_available() and not args.cpu
     cpu_defaults = args.model is None and not on_cuda
     names = strategy_names(args.strategies)
-    varlen = parse_varlen(args.seq_lens, args.buckets, None if names is None else [FORMER_BENCH_NAMES.get(n, n) for n in names])
+    varlen = parse_varlen(args.seq_lens, args.buckets, None if names is None else current_names(names))
     if varlen is not None:
         return varlen_plan_from(args, varlen, settings_from(args), on_cuda)
     if cpu_defaults:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import usage_error
-from ..strategies.names import FORMER_BENCH_NAMES, RUNS
+from ..strategies.names import FORMER_BENCH_NAMES, RUNS, current_names
 from .case import Case, Runner
 
 
@@ -75,7 +75,7 @@ def select(names: Sequence[str] | None) -> list[Strategy]:
     """The strategies named (in registry order), or every available one for None."""
     if names is None:
         return [s for s in _REGISTRY.values() if s.available]
-    names = [FORMER_BENCH_NAMES.get(n, n) for n in names]
+    names = current_names(names)
     unknown = [n for n in names if n not in _REGISTRY]
     if unknown:
         raise usage_error(

@@ -7,7 +7,7 @@ as everywhere on CPU) is marked `noise`: eager against eager is run-to-run varia
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from ..strategies.names import RUNS
@@ -147,11 +147,13 @@ def title(report: Report, model: str) -> str:
     )
 
 
-def _markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+def markdown_table(headers: list[str], rows: list[list[str]], left: Collection[str] = _LEFT) -> list[str]:
+    """A Markdown table's lines; the columns named in `left` are left-aligned, the others right."""
+
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|").replace("\n", "; ") for c in cells) + " |"
 
-    aligns = ["---" if h in _LEFT else "---:" for h in headers]
+    aligns = ["---" if h in left else "---:" for h in headers]
     return [line(headers), "| " + " | ".join(aligns) + " |", *(line(r) for r in rows)]
 
 
@@ -161,12 +163,12 @@ def markdown(report: Report, summary: list[dict[str, Any]]) -> str:
         rows = [
             result_row(r) for b in report.batch_sizes(model) for r in report.case(model, b).values()
         ]
-        parts += [f"**{title(report, model)}**", "", *_markdown_table(RESULT_HEADERS, rows), ""]
+        parts += [f"**{title(report, model)}**", "", *markdown_table(RESULT_HEADERS, rows), ""]
     if summary:
         parts += [
             f"**{summary_title()}**",
             "",
-            *_markdown_table(SUMMARY_HEADERS, [summary_row(r) for r in summary]),
+            *markdown_table(SUMMARY_HEADERS, [summary_row(r) for r in summary]),
             "",
         ]
     if f"× {NOISE}" in "\n".join(parts):

@@ -33,7 +33,7 @@ from rich.table import Table
 
 from .schema import Report, StrategyResult
 from .stats import ratio
-from .table import DASH, percent, speedup, times, title
+from .table import DASH, markdown_table, percent, speedup, times, title
 from .varlen_plan import PADDING_NOTE
 
 SHARE_TARGET = 0.8
@@ -158,12 +158,8 @@ def summary_row(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def _line(cells: list[str]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|").replace("\n", "; ") for c in cells) + " |"
-
-
 def _md_table(headers: list[str], body: list[list[str]]) -> list[str]:
-    return [_line(headers), _line(["---"] * len(headers)), *(_line(b) for b in body)]
+    return markdown_table(headers, body, left=headers)  # every column left-aligned
 
 
 def _case_rows(report: Report, model: str) -> list[list[str]]:

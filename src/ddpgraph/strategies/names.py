@@ -19,6 +19,7 @@ and two rows only the benchmark runs, as references `make_step` does not offer:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, get_args
 
 StrategyName = Literal["whole", "partial", "compile", "reduce-overhead", "eager", "auto"]
@@ -47,6 +48,11 @@ FORMER_BENCH_NAMES: dict[str, StrategyName] = {
     "capture_step": "whole",
     "capture_step+compile": "compile",
 }
+
+
+def current_names(names: Sequence[str]) -> list[str]:
+    """`names` with each former bench name replaced by make_step's."""
+    return [FORMER_BENCH_NAMES.get(n, n) for n in names]
 
 
 def hint_for_unknown(name: object) -> str:
