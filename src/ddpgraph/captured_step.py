@@ -243,8 +243,9 @@ class CapturedStep(FamilySteps[R]):
     def _policy_explain(self, finding: Finding) -> Finding:
         # A capture that failed with no cause of its own, after a library synchronised in
         # the probe step: that synchronisation is the evidence (CUDA stops the sync before
-        # it can be seen while recording).
-        if finding.code is Code.CAPTURE_FAILED and self._library_syncs:
+        # it can be seen while recording). Not once a graph of this step recorded: the
+        # library's capture-time branch has then been shown to record.
+        if finding.code is Code.CAPTURE_FAILED and self._library_syncs and self._record is None:
             return self._library_syncs[0]
         return finding
 
@@ -253,6 +254,8 @@ class CapturedStep(FamilySteps[R]):
         # must not be recorded) and inside a stand-in's recording, which its replays rerun.
         stand_in = self._backend is not None and self._backend.executes_during_capture
         stack = ExitStack()
+        if phase == "capture" and self._watchdog is not None:
+            stack.enter_context(self._watchdog.quiet())  # its thread queries no event meanwhile
         if phase == "record" and not self._library_syncs:
             # The probe step's code path had no host sync, so the recording may take it
             # (`same_path`); one a library made there is left to that library's own

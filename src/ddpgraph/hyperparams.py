@@ -83,19 +83,19 @@ class _Slot:
             values = [value]
         if not all(is_number(v) or (isinstance(v, torch.Tensor) and v.numel() == 1) for v in values):
             return False
-        with torch.no_grad():
-            for i, v in enumerate(values):
-                target = self.tensors[i]
-                if v is target:
-                    continue
-                if isinstance(v, torch.Tensor):
-                    # Its value may have changed in place: copied on every sync, on the device.
-                    target.copy_(v.detach().reshape(()))
-                    self.filled[i] = _MISSING
-                elif self.filled[i] is _MISSING or v != self.filled[i]:
-                    target.fill_(v)
-                    self.filled[i] = v
-                self.versions[i] = target._version
+        # No `no_grad` block (it costs more than the fill): the targets never require grad.
+        for i, v in enumerate(values):
+            target = self.tensors[i]
+            if v is target:
+                continue
+            if isinstance(v, torch.Tensor):
+                # Its value may have changed in place: copied on every sync, on the device.
+                target.copy_(v.detach().reshape(()))
+                self.filled[i] = _MISSING
+            elif self.filled[i] is _MISSING or v != self.filled[i]:
+                target.fill_(v)
+                self.filled[i] = v
+            self.versions[i] = target._version
         self._synced = value if all(is_number(v) for v in values) else _MISSING
         return True
 
@@ -218,15 +218,36 @@ class HyperparamMirror:
         per group in C, and nothing else to do."""
         groups = self.optimizer.param_groups
         seen = self._seen
-        if (
-            seen is not None
-            and len(groups) == len(seen)
-            and all(all(map(is_, map(g.get, keys), values)) for g, (keys, values) in zip(groups, seen, strict=True))
-        ):
-            return []
+        if seen is None or len(groups) != len(seen):
+            return self._full_pass()
+        for i, (group, (keys, values)) in enumerate(zip(groups, seen, strict=True)):
+            if not all(map(is_, map(group.get, keys), values)) and not self._follow(i, group, keys, values):
+                return self._full_pass()
+        return []
+
+    def _full_pass(self) -> list[HyperparamChange]:
         changes = self.sync() + self.frozen_changes()
         self._seen = None if changes else self._snapshot()
         return changes
+
+    def _follow(self, i: int, group: dict[str, Any], keys: tuple[str, ...], values: tuple[Any, ...]) -> bool:
+        """A scheduler's step: only the keys assigned since the last replay are looked at
+        (a fill per mirrored value, a comparison per frozen one); False where that is not
+        enough (a frozen value changed, a value of another form, a tensor value)."""
+        assert self._seen is not None and self._frozen is not None
+        now = tuple(map(group.get, keys))
+        slots, frozen = self.slots[i], self._frozen[i]
+        for key, before, after in zip(keys, values, now, strict=True):
+            if after is before:
+                continue
+            slot = slots.get(key)
+            if slot is None:
+                if not _same(frozen.get(key, _MISSING), after):
+                    return False
+            elif not slot.sync(after) or slot._synced is _MISSING:
+                return False
+        self._seen[i] = (keys, now)
+        return True
 
     def _snapshot(self) -> list[tuple[tuple[str, ...], tuple[Any, ...]]] | None:
         if self._frozen is None or any(s._synced is _MISSING for slots in self.slots for s in slots.values()):

@@ -206,8 +206,8 @@ class ParityRun:
             where = synchronised_at(self.library_branch)
             happened += (
                 f". The likely cause: a library computes part of the step another way while a "
-                f"graph is recorded; in eager steps it synchronised with the host at {where}, "
-                "which it skips while recording (transformers does, to build attention masks)"
+                f"graph is recorded; in eager steps {where}, a host synchronisation it skips "
+                "while recording (transformers does, to build attention masks)"
             )
             fix = (
                 "the graph is right for any input, and differs from eager by that branch's "

@@ -55,22 +55,23 @@ def eager_code_paths() -> Iterator[None]:
 
 
 def synchronised_at(sync: Finding) -> str:
-    """Where a library's host synchronisation in the probe step was: its line, or what made it."""
-    return str(sync.location) if sync.location else sync.subject
+    """What a library's host synchronisation in the probe step was: the chain from the
+    user's line to the library's line that waited (`probe.host_sync_finding`'s words)."""
+    return sync.happened or (str(sync.location) if sync.location else sync.subject)
 
 
 def report_capture_branch(library_syncs: Sequence[Finding], rank: int) -> None:
     """After a capture that left a library its capture-time branch (it synchronised with
     the host in the probe step, and skips that while recording): say so, on rank 0, since
-    the graph then computes that part of the step another way than the eager steps."""
+    the graph may then compute that part of the step another way than the eager steps."""
     if not library_syncs or rank != 0:
         return
-    where = synchronised_at(library_syncs[0])
     log.warning(
-        "captured; in the eager steps a library synchronised with the host at %s, which it "
-        "skips while a graph is recorded, so the graph computes that part of the step another "
-        "way and may round differently from eager steps (a transformers Llama called without an "
-        "attention mask: 2.1e-4 relative in parameters after 14 steps). "
-        "To measure it at capture: capture_step(..., parity=ddpgraph.ParityCheck(rtol=...))",
-        where,
+        "captured; in the eager steps %s. The library skips that host synchronisation while "
+        "a graph is recorded, so the graph may compute that part of the step another way and "
+        "round differently from eager steps (measured on one H200: a transformers Llama called "
+        "without an attention mask, 2.1e-4 relative in parameters after 14 steps; a GPT-2, "
+        "equal bit for bit). To measure it on this model at capture: "
+        "capture_step(..., parity=ddpgraph.ParityCheck(rtol=...))",
+        synchronised_at(library_syncs[0]),
     )

@@ -40,8 +40,9 @@ def test_json_records_the_case(run: Any) -> None:
     setup = data["setup"]
     assert (setup["world_size"], setup["backend"], setup["cuda"]) == (2, "gloo", None)
     case = setup["settings"]["variable_lengths"]
-    assert case["seq_lens"] == [8, 32] and case["buckets"] == [8, 16, 32] and case["fixed_len"] == 20
+    assert case["seq_lens"] == [8, 32] and case["buckets"] == [16, 24, 32] and case["fixed_len"] == 20
     assert "ignore_index" in case["padding"]
+    assert setup["settings"]["strategies"] == list(case["families"])  # the rows' families
     assert list(_rows(data)) == [
         "eager", "reduce-overhead", "reduce-overhead dynamic=True", "whole", "whole+buckets",
         "compile+buckets", "eager T=20", "whole T=20", "whole+buckets T=32 alone",
@@ -81,5 +82,5 @@ def test_table_summary_and_plot_say_what_ran(run: Any) -> None:
     assert "whole+buckets against its targets" in proc.stdout and "not on CPU" in proc.stdout
     (summary,) = data["summary"]
     assert summary["judged"] is False and summary["share_target_met"] is None
-    assert "| 4 | whole+buckets | 8:32 → 8,16,32 |" in data["markdown"]
+    assert "| 4 | whole+buckets | 8:32 → 16,24,32 |" in data["markdown"]
     assert (out / "varlen.png").read_bytes()[:4] == b"\x89PNG"

@@ -11,6 +11,7 @@ Run by tests/gpu/test_presets_gpu.py under torchrun with one process per GPU.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 from unittest import mock
@@ -174,7 +175,59 @@ def compile_switch(info: DistInfo) -> dict[str, Any]:
     }
 
 
+class _Warnings(logging.Handler):
+    """The ddpgraph logger's warnings during a run (the capture-branch report)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _parity_run(name: str, info: DistInfo, parity: Any) -> dict[str, Any]:
+    """`capture_step(..., parity=...)` on a preset as a user would turn it on, with the
+    ddpgraph logger's warnings collected."""
+    try:
+        workload = resolve_model(name).workload
+    except DdpGraphUsageError as err:
+        return {"skipped": str(err)}
+    torch.manual_seed(0)
+    ddp = ddpgraph.prepare_ddp(workload.build().to(info.device), **_device_ids(info))
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+    handler = _Warnings()
+    logging.getLogger("ddpgraph").addHandler(handler)
+    try:
+        step = ddpgraph.capture_step(make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt,
+                                     parity=parity)
+        with step:
+            # Through the warm-up and the capture, to 3 replays or 2 eager steps after it.
+            while step.stats.calls < 30 and step.stats.replays < REPLAYS and step.stats.eager_steps < 2:
+                step(*_batches(workload, info, 1)[0])
+            _sync(info)
+            return {"state": step.state.value, "reason": step.reason.format() if step.reason else None,
+                    "stats": vars(step.stats), "warnings": handler.messages}
+    finally:
+        logging.getLogger("ddpgraph").removeHandler(handler)
+
+
+def parity_llama_exact(info: DistInfo) -> dict[str, Any]:
+    return _parity_run("hf-llama", info, True)
+
+
+def parity_llama_tolerant(info: DistInfo) -> dict[str, Any]:
+    return _parity_run("hf-llama", info, ddpgraph.ParityCheck(rtol=1e-2))
+
+
+def parity_gpt2_exact(info: DistInfo) -> dict[str, Any]:
+    return _parity_run("hf-gpt2", info, True)
+
+
 REGISTRY = {
+    "parity_llama_exact": parity_llama_exact,
+    "parity_llama_tolerant": parity_llama_tolerant,
+    "parity_gpt2_exact": parity_gpt2_exact,
     **{f"preset_{name.replace('-', '_')}": _preset(name) for name in PRESETS},
     "fused_adamw": fused_adamw,
     "compile_switch": compile_switch,

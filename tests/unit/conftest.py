@@ -7,6 +7,7 @@ as a difference from the eager reference, bit for bit.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,3 +172,20 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
         return run
 
     return build
+
+
+@pytest.fixture
+def library_sync() -> Any:
+    """A host synchronisation inside an installed library, as the probe words it: the
+    user's line, and transformers' line that read the position ids."""
+    import site
+    import traceback
+
+    from ddpgraph.probe import host_sync_finding
+
+    library = os.path.join(site.getsitepackages()[0], "transformers", "masking_utils.py")
+    stack = [
+        traceback.FrameSummary("/home/user/train.py", 57, "main", line="loss = step(x, y)"),
+        traceback.FrameSummary(library, 761, "find_packed_sequence_indices", line="if (mask[:, -1] == 0).all():"),
+    ]
+    return host_sync_finding(stack)

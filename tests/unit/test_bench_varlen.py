@@ -68,17 +68,28 @@ def test_a_factory_with_short_sequences_is_refused(tmp_path: Path, capsys: pytes
     assert "the factory's batches have 32 tokens per sequence, fewer than the longest length 64" in capsys.readouterr().err
 
 
-def test_default_buckets_are_the_longest_and_its_halves() -> None:
-    assert default_buckets(64, 512) == (64, 128, 256, 512)
-    assert default_buckets(100, 1000) == (125, 250, 500, 1000)
-    assert default_buckets(1, 512) == (64, 128, 256, 512)  # at most four
-    assert default_buckets(300, 512) == (512,)
-    assert default_buckets(8, 32) == (8, 16, 32)
+def test_default_buckets_are_the_quartiles_of_the_range_the_lengths_come_from() -> None:
+    assert default_buckets(64, 512) == (176, 288, 400, 512)
+    assert default_buckets(100, 1000) == (328, 552, 776, 1000)
+    assert default_buckets(500, 512) == (504, 512)
+    assert default_buckets(8, 32) == (16, 24, 32)
+    assert default_buckets(8, 12) == (12,)  # rounded up to 8's multiple, but never past HIGH
+
+
+def test_default_buckets_pad_less_than_the_longest_and_its_halves() -> None:
+    # The lengths are drawn uniformly: what a GPU-bound step pays is the mean padded length.
+    def mean_padded(buckets: tuple[int, ...], low: int, high: int) -> float:
+        return sum(next_bucket(n, buckets) for n in range(low, high + 1)) / (high - low + 1)
+
+    for low, high in [(64, 512), (100, 1000), (128, 2048)]:
+        ours = mean_padded(default_buckets(low, high), low, high)
+        halves = mean_padded(tuple(b for b in (high // 8, high // 4, high // 2, high) if b >= low), low, high)
+        assert ours < halves and ours - (low + high) / 2 <= (high - low) / 8 + 8, (low, high, ours, halves)
 
 
 def test_the_plan_of_a_variable_length_run() -> None:
     plan = command.plan_from_args(parse("--cpu", "--seq-lens", "8:48", "--strategies", "whole,eager"))
-    assert plan.varlen == VarLen(8, 48, (12, 24, 48), ("eager", "whole"))
+    assert plan.varlen == VarLen(8, 48, (24, 32, 40, 48), ("eager", "whole"))
     assert [m.name for m in plan.models] == ["gpt"] and plan.batch_sizes == {"gpt": [4]}
     # The CPU-sized gpt, built again to hold the longest length.
     assert plan.models[0].workload.per_sample == 48
@@ -117,7 +128,7 @@ def test_every_row_trains_on_the_same_lengths(monkeypatch: pytest.MonkeyPatch) -
         assert seen[name] == lengths and seen[name + " shape"] == lengths
     for name in ("whole+buckets", "compile+buckets"):
         assert seen[name] == lengths  # the real tokens: the same lengths
-        assert seen[name + " shape"] == [next_bucket(t, (8, 16, 32)) for t in lengths]
+        assert seen[name + " shape"] == [next_bucket(t, plan.varlen.buckets) for t in lengths]
     assert set(seen["eager T=20 shape"]) == {20} and set(seen["whole+buckets T=32 alone shape"]) == {32}
     assert [r.varlen["role"] for r in results if r.varlen] == ["variable"] * 4 + ["bucketed"] * 2 + ["fixed"] * 2 + ["pool_reference"]
 

@@ -203,3 +203,27 @@ def test_before_replay_follows_every_change_after_replays_that_found_none() -> N
     assert mirror.before_replay() == [] and mirror.before_replay() == []
     opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
     assert mirror.before_replay() == [HyperparamChange(-1, "param_groups", 1, 2, False)]
+
+
+def test_a_scheduler_assigning_every_step_is_followed_key_by_key() -> None:
+    # The usual captured training: a new lr float before every replay, now and then
+    # another key. Only the assigned keys are looked at; every answer is the full pass's.
+    opt = torch.optim.AdamW(_params(), lr=0.1, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    mirror = _mirror(opt)
+    [tensor] = mirror.slots[0]["lr"].tensors
+    mirror.freeze()
+    assert mirror.before_replay() == []
+    for _ in range(4):
+        opt.step()
+        sched.step()
+        assert mirror.before_replay() == [] and tensor.item() == pytest.approx(sched.get_last_lr()[0])
+    opt.param_groups[0]["weight_decay"] = float("0.0")  # another object, the same value
+    assert mirror.before_replay() == []
+    opt.param_groups[0]["lr"], opt.param_groups[0]["weight_decay"] = 0.02, 0.1
+    assert mirror.before_replay() == [HyperparamChange(0, "weight_decay", 0.0, 0.1, False)]
+    assert tensor.item() == pytest.approx(0.02)
+    opt.param_groups[0]["weight_decay"] = 0.0
+    assert mirror.before_replay() == []
+    opt.param_groups[0]["lr"] = "0.1"  # a form no tensor takes
+    assert [c.key for c in mirror.before_replay()] == ["lr"]

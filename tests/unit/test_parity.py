@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -101,20 +102,20 @@ def test_a_mismatch_with_on_failure_raise(make_run, batches) -> None:
     assert "bit-for-bit" in str(info.value)
 
 
-def test_a_mismatch_after_a_library_synchronised_names_that_branch_as_the_likely_cause() -> None:
+def test_a_mismatch_after_a_library_synchronised_names_that_branch_as_the_likely_cause(library_sync: Any) -> None:
     # A library that synchronised in the probe step and skips it while a graph is recorded
-    # (transformers' mask building) runs another branch in the graph: the finding says so.
-    from ddpgraph.findings import Finding, Location
+    # (transformers' mask building) runs another branch in the graph: the finding says so,
+    # with the user's line and the library's.
     from ddpgraph.parity import ParityRun
 
     model = torch.nn.Linear(2, 2)
-    sync = Finding(Code.HOST_SYNC_IN_CAPTURE, "a host read", location=Location("transformers/masking_utils.py", 761))
-    with_branch = ParityRun(ParityCheck(rtol=0.0), model, [], library_branch=sync)
+    with_branch = ParityRun(ParityCheck(rtol=0.0), model, [], library_branch=library_sync)
     plain = ParityRun(ParityCheck(rtol=0.0), model, [])
     for run in (with_branch, plain):
         run.parameter_difference = 2.1e-4
     named, unnamed = with_branch._judge(), plain._judge()
     assert named is not None and unnamed is not None
     assert named.code is unnamed.code is Code.PARITY_MISMATCH and "0.00021" in named.happened
-    assert "transformers/masking_utils.py:761" in named.happened and "ParityCheck(rtol=" in named.fix
+    assert "(train.py:57)" in named.happened and "transformers/masking_utils.py:761" in named.happened
+    assert "ParityCheck(rtol=" in named.fix
     assert "likely cause" not in unnamed.happened and unnamed.fix == ""

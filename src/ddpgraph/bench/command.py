@@ -163,7 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--buckets",
         default=None,
-        help="bucket lengths for --seq-lens, e.g. 64,128,256,512 (default: HIGH and its halves down to LOW, at most four)",
+        help="bucket lengths for --seq-lens, e.g. 176,288,400,512 (default: the quartiles of LOW..HIGH, rounded up to a multiple of 8)",
     )
     parser.add_argument(
         "--cpu", action="store_true", help="run on CPU processes even if CUDA is available"

@@ -149,7 +149,8 @@ def describe_setup(info: DistInfo, plan: Plan, argv: list[str]) -> dict[str, Any
             "amp": plan.amp if cuda else "off",
             "models": [m.spec for m in plan.models],
             "batch_sizes": plan.batch_sizes,
-            "strategies": [s.name for s in plan.strategies],
+            # A variable-length run's rows come from its families, not the plan's list.
+            "strategies": list(plan.varlen.families) if plan.varlen else [s.name for s in plan.strategies],
             "note": plan.note,
             "step_settings": asdict(DEFAULT_STEP_SETTINGS),
             "variable_lengths": plan.varlen.describe() if plan.varlen else None,

@@ -15,8 +15,13 @@ by `ddpgraph.pad_to_bucket`: inputs with 0, labels with -100, which cross-entrop
 `ignore_index` leaves out of the loss, so padding changes no loss (a user's loss must
 ignore -100 labels too, as `F.cross_entropy` does by default).
 
-Default buckets: HIGH and its halves (rounded up) that are at least LOW, at most four:
-64:512 gives 64,128,256,512; 100:1000 gives 125,250,500,1000.
+Default buckets: what `ddpgraph.choose_buckets` picks for the lengths the steps draw from,
+four quartiles of LOW..HIGH rounded up to a multiple of 8 (at most HIGH): 64:512 gives
+176,288,400,512, a quarter of the range wide each, so a padded batch is on average an
+eighth of the range longer than its own (56 tokens at 64:512). HIGH and its halves
+(64,128,256,512) pad a batch by a third of its length on average there, which a step that
+keeps the GPU busy pays in full: `whole+buckets` on `hf-gpt2` reached 73% of the
+fixed-shape speedup with them (docs/gpu-runs.md, run 33).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 import torch
 
 from ..app.models import CPU_GPT_CONFIG, GPTConfig, gpt_workload
-from ..buckets import pad_to_bucket
+from ..buckets import choose_buckets, pad_to_bucket
 from ..errors import usage_error
 from .feeds import DATA_SEED, Batch
 from .presets import hf_gpt2, hf_llama
@@ -38,6 +43,7 @@ LENGTHS_SEED = 4321
 # then room for each bucket's first eager call and its capture.
 MIN_WARMUP = 40
 MAX_BUCKETS = 4
+BUCKET_MULTIPLE = 8  # tensor-core friendly lengths
 # With peers, a graph is added only on a decision point: every `agree_every`-th call.
 AGREE_EVERY = 4
 # Row families, the strategy names the rows belong to (`--strategies` picks among them).
@@ -87,9 +93,11 @@ def parse_varlen(seq_lens: str | None, buckets: str | None, strategies: list[str
 
 
 def default_buckets(low: int, high: int) -> tuple[int, ...]:
-    """HIGH and its halves (rounded up) down to LOW, at most `MAX_BUCKETS`."""
-    picks = [-(-high // 2**k) for k in range(MAX_BUCKETS)]
-    return tuple(sorted({b for b in picks if b >= low}))
+    """`MAX_BUCKETS` quartiles of the uniform draw LOW..HIGH, rounded up to a multiple of
+    `BUCKET_MULTIPLE` but never past HIGH (the model is built for HIGH positions). The
+    same on every rank: they come from the range, not from a rank's own draw."""
+    picks = choose_buckets(range(low, high + 1), count=MAX_BUCKETS, multiple=BUCKET_MULTIPLE)
+    return tuple(sorted({min(b, high) for b in picks}))
 
 
 def _range(text: str) -> tuple[int, int]:
