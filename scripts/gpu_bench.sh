@@ -15,6 +15,11 @@
 #   varlen-gpt2      scripts/probes/varlen_bench.py --model gpt2       (2-3 min)
 #   varlen-bench     ddpgraph bench --seq-lens 64:512 on gpt, hf-gpt2  (5-9 min; its own
 #                    limit of 570 s, the JSON keeps the rows done if it runs out)
+#   varlen-hf        ddpgraph bench --seq-lens 64:512 on hf-gpt2, rows of eager, whole and
+#                    compile (about 3.5 min; the reduce-overhead rows alone take longer)
+#   presets-all      the four presets at batch 8, five strategies, one command: the
+#                    published table from one run (7-9 min, its own limit of 570 s)
+#   presets-b32      the four presets at batch 32: eager, whole, compile (4-6 min)
 #   integrations     scripts/probes/integrations_speed.py, torchrun 1  (1-2 min)
 #   watchdog         scripts/bench_watchdog.py --cuda                  (< 1 min)
 #   overhead         scripts/replay_overhead.py (host time per replay, CPU; with
@@ -46,6 +51,13 @@ for stage in "$@"; do
     varlen-gpt2) run varlen-gpt2 python3 scripts/probes/varlen_bench.py --model gpt2 ;;
     varlen-bench) LIMIT=570 run varlen-bench ddpgraph bench --model gpt,hf-gpt2 --seq-lens 64:512 \
         --batch-sizes 8 --json "$OUT/varlen-bench.json" --plot "$OUT/varlen-bench.png" ;;
+    varlen-hf) run varlen-hf ddpgraph bench --model hf-gpt2 --seq-lens 64:512 --batch-sizes 8 \
+        --strategies eager,whole,compile --json "$OUT/varlen-hf.json" --plot "$OUT/varlen-hf.png" ;;
+    presets-all) LIMIT=570 run presets-all ddpgraph bench --model hf-gpt2,hf-llama,timm-vit,tv-resnet50 \
+        --batch-sizes 8 --no-data-loader --strategies "$STRATS" --json "$OUT/presets-all.json" ;;
+    presets-b32) run presets-b32 ddpgraph bench --model hf-gpt2,hf-llama,timm-vit,tv-resnet50 --batch-sizes 32 \
+        --strategies eager,whole,compile --steps 30 --warmup 15 --profile-steps 0 --no-data-loader \
+        --json "$OUT/presets-b32.json" ;;
     integrations) run integrations torchrun --standalone --nproc_per_node=1 scripts/probes/integrations_speed.py ;;
     watchdog) run watchdog python3 scripts/bench_watchdog.py --cuda ;;
     overhead)
