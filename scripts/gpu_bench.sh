@@ -19,7 +19,8 @@
 #                    compile (about 3.5 min; the reduce-overhead rows alone take longer)
 #   presets-all      the four presets at batch 8, five strategies, one command: the
 #                    published table from one run (7-9 min, its own limit of 570 s)
-#   presets-b32      the four presets at batch 32: eager, whole, compile (4-6 min)
+#   presets-b32      the four presets at batch 32: eager, whole, compile (4-6 min; B32_MODELS
+#                    names fewer)
 #   integrations     scripts/probes/integrations_speed.py, torchrun 1  (1-2 min)
 #   watchdog         scripts/bench_watchdog.py --cuda                  (< 1 min)
 #   overhead         scripts/replay_overhead.py (host time per replay, CPU; with
@@ -55,7 +56,7 @@ for stage in "$@"; do
         --strategies eager,whole,compile --json "$OUT/varlen-hf.json" --plot "$OUT/varlen-hf.png" ;;
     presets-all) LIMIT=570 run presets-all ddpgraph bench --model hf-gpt2,hf-llama,timm-vit,tv-resnet50 \
         --batch-sizes 8 --no-data-loader --strategies "$STRATS" --json "$OUT/presets-all.json" ;;
-    presets-b32) run presets-b32 ddpgraph bench --model hf-gpt2,hf-llama,timm-vit,tv-resnet50 --batch-sizes 32 \
+    presets-b32) run presets-b32 ddpgraph bench --model "${B32_MODELS:-hf-gpt2,hf-llama,timm-vit,tv-resnet50}" --batch-sizes 32 \
         --strategies eager,whole,compile --steps 30 --warmup 15 --profile-steps 0 --no-data-loader \
         --json "$OUT/presets-b32.json" ;;
     integrations) run integrations torchrun --standalone --nproc_per_node=1 scripts/probes/integrations_speed.py ;;
