@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..doctor.env import parse_version
 from .stats import timeline
 
 
@@ -39,11 +40,8 @@ def tear_down_cupti_after_profiles(cuda_version: str | None, environ: Any = os.e
     GPT-2 step took 34.4 ms before any profile and 42.6 ms after one; with the teardown,
     36.0 and 36.4 ms. Below CUDA 12.6 the teardown crashes with CUDA graphs (torch turns
     it off there itself), so it is left alone."""
-    if cuda_version is None or "TEARDOWN_CUPTI" in environ:
-        return
-    major, _, rest = cuda_version.partition(".")
-    minor = rest.partition(".")[0]
-    if major.isdigit() and minor.isdigit() and (int(major), int(minor)) >= (12, 6):
+    version = parse_version(cuda_version)
+    if version is not None and version >= (12, 6) and "TEARDOWN_CUPTI" not in environ:
         environ["TEARDOWN_CUPTI"] = "1"
 
 
