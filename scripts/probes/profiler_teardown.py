@@ -17,25 +17,24 @@ import os
 import time
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from ddpgraph.app.reference_step import StepOptions, make_train_step
 from ddpgraph.bench.presets import hf_gpt2
 
 
 def main() -> None:
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
-    model = hf_gpt2().build().to(dev)
+    workload = hf_gpt2()
+    model = workload.build().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randint(0, 50257, (8, 128), device=dev)
 
+    train = make_train_step(model, opt, workload.loss, StepOptions(amp_dtype=torch.bfloat16, clip_norm=None))
+
     def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(x)
-        F.cross_entropy(logits.float().flatten(0, 1), x.flatten()).backward()
-        opt.step()
+        train(x, x)
 
     def ms_per_step(n: int = 30) -> float:
         torch.cuda.synchronize()

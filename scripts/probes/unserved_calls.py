@@ -24,26 +24,14 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
+from ddpgraph.app.reference_step import StepOptions, make_train_step
 from ddpgraph.bench.presets import hf_gpt2
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> Step:
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return step
+OPTIONS = StepOptions(amp_dtype=torch.bfloat16, clip_norm=None)
 
 
 def main() -> None:
@@ -65,12 +53,13 @@ def main() -> None:
     }
     steps: dict[str, Step] = {}
     ddp = DDP(build(), device_ids=[0])
-    steps["eager"] = train_step(ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4))
+    steps["eager"] = make_train_step(ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4), workload.loss, OPTIONS)
     ddp = DDP(build(), device_ids=[0])
-    steps["eager, capturable AdamW"] = train_step(ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4, capturable=True))
+    capturable = torch.optim.AdamW(ddp.parameters(), lr=1e-4, capturable=True)
+    steps["eager, capturable AdamW"] = make_train_step(ddp, capturable, workload.loss, OPTIONS)
     ddp = ddpgraph.prepare_ddp(build())
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
-    captured = ddpgraph.capture_step(train_step(ddp, opt), model=ddp, optimizer=opt)
+    captured = ddpgraph.capture_step(make_train_step(ddp, opt, workload.loss, OPTIONS), model=ddp, optimizer=opt)
     for _ in range(20):
         if captured.state is ddpgraph.StepState.CAPTURED:
             break
