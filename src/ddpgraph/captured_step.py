@@ -254,8 +254,6 @@ class CapturedStep(FamilySteps[R]):
         # must not be recorded) and inside a stand-in's recording, which its replays rerun.
         stand_in = self._backend is not None and self._backend.executes_during_capture
         stack = ExitStack()
-        if phase == "capture" and self._watchdog is not None:
-            stack.enter_context(self._watchdog.quiet())  # its thread queries no event meanwhile
         if phase == "record" and not self._library_syncs:
             # The probe step's code path had no host sync, so the recording may take it
             # (`same_path`); one a library made there is left to that library's own
