@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -23,7 +23,7 @@ from ddpgraph.strategies import partial
 class FakeGraph:
     """`torch.cuda.CUDAGraph`'s capture calls, recorded per thread."""
 
-    begun: list[tuple[str, str]] = []
+    begun: ClassVar[list[tuple[str, str]]] = []
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global", **kwargs: Any) -> None:
         FakeGraph.begun.append((threading.current_thread().name, capture_error_mode))
