@@ -301,6 +301,7 @@ class CapturedStep(FamilySteps[R]):
     ) -> bool:
         changed = unservable(record, self._model, args, kwargs, leaves, spec)
         if changed is not None:
+            self._unserved.seen(changed)
             if not self._family.expects_unserved():  # a family warms up new signatures
                     self._unserved.admit(changed, "This step runs eagerly, and so will later calls that the graph cannot serve")
             self.stats.input_changes += 1
