@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from ddpgraph.bench.schema import FeedResult, Report  # noqa: E402
+from ddpgraph.bench.schema import FeedResult, Report
 
 
 def _eager(feed: FeedResult | None) -> str:
