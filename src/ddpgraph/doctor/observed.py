@@ -53,6 +53,26 @@ class GraphInput:
 
 
 @dataclass(frozen=True)
+class ThreadCall:
+    """A CUDA call another thread than the capturing one made while a graph was recorded."""
+
+    thread: str  # the thread's name
+    target: str | None  # the function it runs, `module.qualname`
+    call: str  # the Python entry point, e.g. "`Tensor.pin_memory`"
+    cuda: str  # what that entry point asks of CUDA
+    where: Location | None  # the user's line in that thread's stack
+    loader_at: Location | None = None  # for a DataLoader's pin-memory thread: where it was built
+
+    def describe(self) -> str:
+        if self.loader_at is not None:
+            who = f"the pin-memory thread of the DataLoader built at {self.loader_at} (`{self.thread}`)"
+        else:
+            who = f"thread `{self.thread}`" + (f" (running `{self.target}`)" if self.target else "")
+        at = f" at {self.where}" if self.where is not None else ""
+        return f"{who} called {self.call}{at}, which {self.cuda}"
+
+
+@dataclass(frozen=True)
 class StateLoad:
     """A `load_state_dict` call on a module or optimizer."""
 
@@ -85,6 +105,11 @@ class Graph:
     loads_checked: int = 0
     loaded_optimizers: set[int] = field(default_factory=set)  # ids loaded after capture
     reported: set[str] = field(default_factory=set)  # kinds of replay finding already made
+    # CUDA's capture mode it began with, the thread recording it, and what other threads
+    # asked of CUDA meanwhile.
+    mode: str = "global"
+    thread: int | None = None
+    other_threads: list[ThreadCall] = field(default_factory=list)
 
     @property
     def has_ddp(self) -> bool:

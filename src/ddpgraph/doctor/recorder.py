@@ -25,6 +25,7 @@ first replay that shows them.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,7 +43,16 @@ from .failure_rules import (
     raised_by_cuda,
     script_error_finding,
 )
-from .observed import DdpForward, DdpModel, Graph, GraphInput, StateLoad, StreamInfo, storage_key
+from .observed import (
+    DdpForward,
+    DdpModel,
+    Graph,
+    GraphInput,
+    StateLoad,
+    StreamInfo,
+    ThreadCall,
+    storage_key,
+)
 from .records import GraphCounts, RankRecord, RankStatus
 
 
@@ -169,12 +179,27 @@ class Recorder:
         location: Location | None,
         stream: StreamInfo | None,
         live_storages: Callable[[], set[int]] = set,
+        mode: str = "global",
     ) -> None:
+        """A capture begins on this thread, in CUDA's capture `mode`."""
         self._graph_count += 1
         # Only DDP forwards' inputs are tracked: the scan is skipped without DDP.
         preexisting = live_storages() if self.has_ddp else set()
         self._capturing = Graph(self._graph_count, location, stream, self._backward_stream, preexisting)
+        self._capturing.mode, self._capturing.thread = mode, threading.get_ident()
         self._graphs[graph] = self._capturing
+
+    @property
+    def capture_thread(self) -> int | None:
+        """The thread recording a graph now (None while none is)."""
+        graph = self._capturing
+        return graph.thread if graph is not None else None
+
+    def other_thread_call(self, call: ThreadCall) -> None:
+        """Another thread than the capturing one made a CUDA call (once per thread and call)."""
+        graph = self._capturing
+        if graph is not None and all((c.thread, c.call) != (call.thread, call.call) for c in graph.other_threads):
+            graph.other_threads.append(call)
 
     def capture_end(
         self, graph: Any, errors: Sequence[BaseException], syncs: Sequence[SyncEvent] = ()
