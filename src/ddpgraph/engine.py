@@ -95,9 +95,7 @@ class CaptureEngine(Generic[R]):
 
     @property
     def eager_reason(self) -> Finding | None:
-        """Why calls ran eagerly while the graph stayed: the first call since warm-up that
-        the graph could not serve (each such call is counted in `stats.eager_steps`);
-        None while every call replayed."""
+        """The first call the graph could not serve, which ran eagerly; None if none."""
         return self._unserved.first
 
     @property

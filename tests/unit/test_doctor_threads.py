@@ -42,7 +42,9 @@ def _captured(rec: Recorder, mode: str, calls: list[ThreadCall], errors: list[Ba
     graph = FakeGraph()
     rec.capture_begin(graph, CAPTURE_AT, StreamInfo(7, False), mode=mode)
     for call in calls:
-        rec.other_thread_call(call)
+        recording = rec.capturing_graph
+        assert recording is not None
+        recording.other_thread_called(call)
     rec.capture_end(graph, errors)
 
 

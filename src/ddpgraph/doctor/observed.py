@@ -7,6 +7,7 @@ doctor must not keep alive, and so change the memory behaviour of, what the scri
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,7 +109,7 @@ class Graph:
     # CUDA's capture mode it began with, the thread recording it, and what other threads
     # asked of CUDA meanwhile.
     mode: str = "global"
-    thread: int | None = None
+    thread: int = field(default_factory=threading.get_ident)  # made by `capture_begin`
     other_threads: list[ThreadCall] = field(default_factory=list)
 
     @property
@@ -122,6 +123,12 @@ class Graph:
     def input_named(self, key: int) -> GraphInput | None:
         """The input whose storage is `key` (a view of an input shares it), if any."""
         return next((i for i in self.inputs if (t := i.tensor()) is not None and storage_key(t) == key), None)
+
+    def other_thread_called(self, call: ThreadCall) -> None:
+        """Another thread made a CUDA call while this graph was recorded (kept once per
+        thread and entry point)."""
+        if all((c.thread, c.call) != (call.thread, call.call) for c in self.other_threads):
+            self.other_threads.append(call)
 
     def input_versions(self) -> tuple[int, ...]:
         """The inputs' version counters: an in-place write (`copy_`) bumps them."""

@@ -25,7 +25,6 @@ first replay that shows them.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,7 +49,6 @@ from .observed import (
     GraphInput,
     StateLoad,
     StreamInfo,
-    ThreadCall,
     storage_key,
 )
 from .records import GraphCounts, RankRecord, RankStatus
@@ -90,8 +88,9 @@ class Recorder:
 
     # ------------------------------------------------------------------ state
     @property
-    def capturing(self) -> bool:
-        return self._capturing is not None
+    def capturing_graph(self) -> Graph | None:
+        """The graph being recorded now, None while none is."""
+        return self._capturing
 
     @property
     def captured_any(self) -> bool:
@@ -185,21 +184,9 @@ class Recorder:
         self._graph_count += 1
         # Only DDP forwards' inputs are tracked: the scan is skipped without DDP.
         preexisting = live_storages() if self.has_ddp else set()
-        self._capturing = Graph(self._graph_count, location, stream, self._backward_stream, preexisting)
-        self._capturing.mode, self._capturing.thread = mode, threading.get_ident()
+        number, backward = self._graph_count, self._backward_stream
+        self._capturing = Graph(number, location, stream, backward, preexisting, mode=mode)
         self._graphs[graph] = self._capturing
-
-    @property
-    def capture_thread(self) -> int | None:
-        """The thread recording a graph now (None while none is)."""
-        graph = self._capturing
-        return graph.thread if graph is not None else None
-
-    def other_thread_call(self, call: ThreadCall) -> None:
-        """Another thread than the capturing one made a CUDA call (once per thread and call)."""
-        graph = self._capturing
-        if graph is not None and all((c.thread, c.call) != (call.thread, call.call) for c in graph.other_threads):
-            graph.other_threads.append(call)
 
     def capture_end(
         self, graph: Any, errors: Sequence[BaseException], syncs: Sequence[SyncEvent] = ()

@@ -116,9 +116,9 @@ class ThreadWatch:
         self._safely("DataLoader iterator", remember)
 
     def _watched(self, call: str, cuda: str, to: bool, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        capturing = self.recorder.capture_thread
-        if capturing is not None and threading.get_ident() != capturing and (not to or _towards_cuda(args, kwargs)):
-            self._safely("other thread's CUDA call", lambda: self.recorder.other_thread_call(self._call(call, cuda)))
+        graph = self.recorder.capturing_graph
+        if graph is not None and threading.get_ident() != graph.thread and (not to or _towards_cuda(args, kwargs)):
+            self._safely("other thread's CUDA call", lambda: graph.other_thread_called(self._call(call, cuda)))
         return original(*args, **kwargs)
 
     def _call(self, call: str, cuda: str) -> ThreadCall:
