@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 
 import ddpgraph
 from ddpgraph.app.models import MLP, GPTConfig, TinyGPT
+from ddpgraph.app.reference_step import StepOptions, make_train_step
 from ddpgraph.distributed import DistInfo
 from ddpgraph.strategies import make_step
 
@@ -185,14 +186,8 @@ def _opt(model: nn.Module) -> torch.optim.Optimizer:
 
 
 def _step_fn(ddp: nn.Module, opt: torch.optim.Optimizer) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(ddp(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return train_step
+    """zero_grad, forward in fp32, cross-entropy, backward, optimizer step."""
+    return make_train_step(ddp, opt, F.cross_entropy, StepOptions(amp_dtype=None, clip_norm=None))
 
 
 def _summary(step: Any) -> dict[str, Any]:
