@@ -36,7 +36,7 @@ Results = dict[str, list[dict[str, Any]]]
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     """Each case in its own process (a torchrun launch), one after another."""
     out: Results = {}
-    runs = [(name, name) for name in [*LOADERS, *FEEDS, "buckets", "stress_20"]]
+    runs = [(name, name) for name in [*LOADERS, *FEEDS, "own_sync_in_capture", "buckets", "stress_20"]]
     runs += [(f"stress_5#{i}", "stress_5") for i in range(STRESS_PROCESSES)]
     for label, name in runs:
         folder = Path(tmp_path_factory.mktemp(label.replace("#", "_")))
@@ -95,6 +95,15 @@ def test_copies_prefetchers_and_threads_of_the_users_own(results: Results, name:
     if name == "poller":
         for rank in ok(results[name]):
             assert rank["polls"] > 100 and rank["poll_errors"] == [], (rank["polls"], rank["poll_errors"])
+
+
+def test_the_capturing_threads_own_host_read_is_still_refused_and_named(results: Results) -> None:
+    # thread_local mode ignores other threads only: a read of the loss made while the step
+    # is recorded still fails the capture, and the finding names its line.
+    for r in ok(results["own_sync_in_capture"]):
+        assert r["state"] == "eager" and r["code"] == "HOST_SYNC_IN_CAPTURE", r["reason"]
+        assert (r["file"], r["line"]) == (r["expected_file"], r["expected_line"]), r["reason"]
+        assert r["loss_rel_diff"] <= TOL and r["param_rel_diff"] <= TOL, r
 
 
 def test_bucketed_lengths_from_the_loaders_workers_get_a_graph_each(results: Results) -> None:

@@ -15,6 +15,8 @@ the same graph-safe optimizer (`harness.with_same_settings`), and must equal it:
   its own, handed over with `wait_stream` and `record_stream`;
 * `poller`: a thread of the user's polls `torch.cuda.memory_allocated()` and records and
   queries CUDA events on its own stream all through training;
+* `own_sync_in_capture`: the step reads the loss on the host only while it is recorded:
+  still refused in "thread_local" mode, and named;
 * `buckets`: a small GPT on variable lengths padded by `ddpgraph.bucket_collate` in the
   loader's workers, `capture_step(max_graphs=4)`, a graph per bucket;
 * `stress_20` / `stress_5`: 20 (5) fresh `capture_step`s in one process on the pinned
@@ -26,6 +28,7 @@ partial skip), which checks the script's own logic.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import warnings
@@ -299,6 +302,54 @@ def poller(info: DistInfo) -> dict[str, Any]:
     return {**result, "polls": thread.polls, "poll_errors": thread.errors}
 
 
+def own_sync_in_capture(info: DistInfo) -> dict[str, Any]:
+    """The capturing thread's own host read, made only while the step is recorded (as a
+    library that tests for a capture does), with the pinned 4-worker loader feeding: the
+    thread_local mode still refuses it, and it is named with its line; every call then
+    runs eagerly, equal to the eager loop."""
+    backend = _backend()
+
+    def recording() -> bool:
+        return backend.capturing if backend is not None else torch.cuda.is_current_stream_capturing()
+
+    model = _mlp(info)
+    ddp = ddpgraph.prepare_ddp(model, **_ids(info))
+    opt = _opt(ddp)
+    plain = _step_fn(ddp, opt)
+    seen: list[float] = []
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = plain(x, y)
+        if recording():
+            seen.append(float(loss))  # the host read
+        return loss
+
+    line = inspect.getsourcelines(train_step)[1] + 3
+    feed = loader_feed(info, PINNED_4)
+    ref = _run(info, feed, None)
+    step = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, backend=backend)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.05 * s))  # as `_run`'s
+    losses = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for e in range(EPOCHS):
+            for x, y in feed(e):
+                losses.append(float(step(x, y)))
+                sched.step()
+    summary = _summary(step)
+    reason = step.reason
+    step.close()
+    return {
+        **summary,
+        "line": reason.location.lineno if reason is not None and reason.location is not None else None,
+        "file": reason.location.filename if reason is not None and reason.location is not None else None,
+        "expected_line": line,
+        "expected_file": __file__,
+        "loss_rel_diff": harness.loss_rel_diff(ref["losses"], losses),
+        "param_rel_diff": harness.rel_diff(ref["params"], harness.params_of(ddp)),
+    }
+
+
 # ------------------------------------------------------------------ variable lengths
 GPT = GPTConfig(vocab=512, block=128, layers=2, dim=64, heads=4)
 BUCKETS = (32, 64, 96, 128)
@@ -415,6 +466,7 @@ REGISTRY: dict[str, Callable[[DistInfo], dict[str, Any]]] = {
     "prefetcher": prefetcher,
     "poller": poller,
     "buckets": buckets,
+    "own_sync_in_capture": own_sync_in_capture,
     "stress_20": _stress(20),
     "stress_5": _stress(5),
 }
