@@ -233,7 +233,7 @@ def eager_calls_note(result: StrategyResult, timed_steps: int) -> str | None:
     return "; ".join(said) or None
 
 
-def _feed_result(timing: Timing, active_ms: float | None, eager_calls: int | None) -> FeedResult:
+def _feed_result(timing: Timing, active_ms: float | None, eager_calls: int | None = None) -> FeedResult:
     m = Measurement.of(timing)
     # Capped: the profiled steps' device work can exceed an unprofiled step's wall time
     # by the timing's noise when the GPU never rests.
