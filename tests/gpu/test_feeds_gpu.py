@@ -48,7 +48,10 @@ def _check_graphed(name: str, run: str, r: dict[str, Any]) -> None:
     where = f"{name} {run} rank {r.get('rank')}"
     assert r["state"] == "captured" and r["code"] is None, (where, r["reason"])
     assert r["eager_reason"] is None, (where, r["eager_reason"])
-    assert not r["warnings"], (where, r["warnings"])
+    if run.startswith("partial"):
+        print(f"{where}: warnings {r['warnings']}")  # which submodules it left eager, if any
+    else:
+        assert not r["warnings"], (where, r["warnings"])
     assert r["loss_rel_diff"] <= TOL and r["param_rel_diff"] <= TOL, (where, r)
     print(f"{where}: bitwise equal to eager = {r['bitwise']}")
 
