@@ -170,3 +170,19 @@ def test_a_dataloader_with_workers_runs_as_usual_under_the_watch(watched: tuple[
     data = TensorDataset(torch.arange(12.0).reshape(6, 2))
     loader = DataLoader(data, batch_size=2, num_workers=2)
     assert [b[0][:, 0].tolist() for b in loader] == [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "mode"),
+    [((), {}, "global"), ((), {"capture_error_mode": "thread_local"}, "thread_local"), ((None, "relaxed"), {}, "relaxed")],
+)
+def test_the_capture_mode_is_read_from_capture_begins_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], mode: str) -> None:
+    # As torch.cuda.graph (keyword) and a hand-written capture_begin (either) pass it.
+    from ddpgraph.doctor.instrument import Instrumentation
+
+    inst = Instrumentation(Recorder())
+    graph = FakeGraph()
+    inst._capture_begin(lambda g, *a, **k: None, graph, *args, **kwargs)
+    recording = inst.recorder.capturing_graph
+    assert recording is not None and recording.mode == mode
+    inst._capture_end(lambda g: None, graph)
