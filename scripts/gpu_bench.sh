@@ -21,6 +21,10 @@
 #                    published table from one run (7-9 min, its own limit of 570 s)
 #   presets-b32      the four presets at batch 32: eager, whole, compile (4-6 min; B32_MODELS
 #                    names fewer)
+#   feeds-presets    the four presets at batch 8, five strategies, device feed and the
+#                    pinned 4-worker DataLoader feed, 30 timed steps, no profile; then
+#                    scripts/feed_ratio.py: each row's DataLoader/device ms ratio, target
+#                    1.05 (6-8 min, its own limit of 540 s; $OUT/feeds-ratio.md)
 #   integrations     scripts/probes/integrations_speed.py, torchrun 1  (1-2 min)
 #   watchdog         scripts/bench_watchdog.py --cuda                  (< 1 min)
 #   overhead         scripts/replay_overhead.py (host time per replay, CPU; with
@@ -59,6 +63,10 @@ for stage in "$@"; do
     presets-b32) run presets-b32 ddpgraph bench --model "${B32_MODELS:-hf-gpt2,hf-llama,timm-vit,tv-resnet50}" --batch-sizes 32 \
         --strategies eager,whole,compile --steps 30 --warmup 15 --profile-steps 0 --no-data-loader \
         --json "$OUT/presets-b32.json" ;;
+    feeds-presets)
+      LIMIT=540 run feeds-presets ddpgraph bench --model hf-gpt2,hf-llama,timm-vit,tv-resnet50 --batch-sizes 8 \
+        --strategies "$STRATS" --steps 30 --warmup 15 --profile-steps 0 --json "$OUT/feeds-presets.json"
+      python3 scripts/feed_ratio.py "$OUT/feeds-presets.json" | tee "$OUT/feeds-ratio.md" ;;
     integrations) run integrations torchrun --standalone --nproc_per_node=1 scripts/probes/integrations_speed.py ;;
     watchdog) run watchdog python3 scripts/bench_watchdog.py --cuda ;;
     overhead)

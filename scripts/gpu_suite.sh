@@ -8,6 +8,8 @@
 #   tests-training    tests/gpu/test_training_gpu.py     (scaler, accumulation, monitor, ...)
 #   tests-strategies  tests/gpu/test_strategies_gpu.py   (make_step's strategies)
 #   tests-doctor      tests/gpu/test_doctor.py           (ddpgraph doctor on every script)
+#   tests-feeds       tests/gpu/test_feeds_gpu.py        (DataLoaders, prefetchers, threads; a
+#                     fresh process per case, and 20 captures in a row: about 3 min)
 #   tests-rank-safety, tests-adopt, tests-lightning, tests-accelerate, tests-presets,
 #   tests-watchdog, tests-family, tests-optim, tests-bench-varlen   the test_<name>_gpu.py file of each
 #   tests-docs        the Python blocks of README.md and docs/*.md, on the GPUs
@@ -39,6 +41,7 @@ declare -A TESTS=(
   [tests-training]=tests/gpu/test_training_gpu.py
   [tests-strategies]=tests/gpu/test_strategies_gpu.py
   [tests-doctor]=tests/gpu/test_doctor.py
+  [tests-feeds]=tests/gpu/test_feeds_gpu.py
   [tests-rank-safety]=tests/gpu/test_rank_safety_gpu.py
   [tests-adopt]=tests/gpu/test_adopt_gpu.py
   [tests-lightning]=tests/gpu/test_lightning_gpu.py
@@ -57,7 +60,7 @@ declare -A LIMIT=(
   [tests-docs]=540 [tests-docs-commands]=540 [tests]=1800 [demo]=300 [bench]=540
   [tests-rank-safety]=300 [tests-adopt]=300 [tests-lightning]=300 [tests-accelerate]=300
   [tests-presets]=300 [tests-watchdog]=400 [tests-family]=300 [tests-optim]=300
-  [tests-bench-varlen]=400
+  [tests-bench-varlen]=400 [tests-feeds]=400
 )
 
 for stage in $STAGES; do

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils._pytree import tree_leaves
 
+from .capture_mode import CAPTURE_ERROR_MODE
 from .distributed import current_rank
 from .rng import register_generators, release_after_failed_capture
 
@@ -77,7 +78,9 @@ class _CudaGraph:
 
 
 class CudaGraphBackend:
-    """Records with `torch.cuda.CUDAGraph` on the given side stream."""
+    """Records with `torch.cuda.CUDAGraph` on the given side stream, in the capture mode
+    `capture_mode.CAPTURE_ERROR_MODE` (other threads, a DataLoader's pin-memory thread
+    among them, cannot invalidate the recording; this thread's own unsafe calls can)."""
 
     name = "cuda"
     executes_during_capture = False
@@ -112,7 +115,7 @@ class CudaGraphBackend:
                 # before recording, on the device where their replay state is allocated.
                 with torch.cuda.device(stream.device):
                     register_generators(graph, generators)
-                graph.capture_begin(pool=pool, capture_error_mode="global")
+                graph.capture_begin(pool=pool, capture_error_mode=CAPTURE_ERROR_MODE)
             except BaseException as exc:  # capture never started: nothing to end
                 release_generators()
                 raise CaptureError(exc) from exc

@@ -254,8 +254,6 @@ class CapturedStep(FamilySteps[R]):
         # must not be recorded) and inside a stand-in's recording, which its replays rerun.
         stand_in = self._backend is not None and self._backend.executes_during_capture
         stack = ExitStack()
-        if phase == "capture" and self._watchdog is not None:
-            stack.enter_context(self._watchdog.quiet())  # its thread queries no event meanwhile
         if phase == "record" and not self._library_syncs:
             # The probe step's code path had no host sync, so the recording may take it
             # (`same_path`); one a library made there is left to that library's own
@@ -303,6 +301,7 @@ class CapturedStep(FamilySteps[R]):
     ) -> bool:
         changed = unservable(record, self._model, args, kwargs, leaves, spec)
         if changed is not None:
+            self._unserved.seen(changed)
             if not self._family.expects_unserved():  # a family warms up new signatures
                     self._unserved.admit(changed, "This step runs eagerly, and so will later calls that the graph cannot serve")
             self.stats.input_changes += 1

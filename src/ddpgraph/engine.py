@@ -94,6 +94,11 @@ class CaptureEngine(Generic[R]):
         return self._reason
 
     @property
+    def eager_reason(self) -> Finding | None:
+        """The first call the graph could not serve, which ran eagerly; None if none."""
+        return self._unserved.first
+
+    @property
     def findings(self) -> list[Finding]:
         """Every finding that led to the current state, with the ranks it came from."""
         return list(self._findings)
@@ -118,9 +123,10 @@ class CaptureEngine(Generic[R]):
         if self._pending is None and self._state is StepState.CAPTURED:
             self._pending = report
 
-    def eager_call(self, *args: Any, **kwargs: Any) -> R:
-        """Run this call eagerly (a wrapping step saw a change the graph cannot serve),
-        counted and agreed on exactly like the replay it replaces."""
+    def eager_call(self, finding: Finding, *args: Any, **kwargs: Any) -> R:
+        """Run this call eagerly (a wrapping step saw a change the graph cannot serve, which
+        `finding` names), counted and agreed on exactly like the replay it replaces."""
+        self._unserved.seen(finding)
         self._force_eager = True
         try:
             return self(*args, **kwargs)

@@ -44,11 +44,17 @@ def fall_back(finding: Finding, on_failure: OnFailure, *, continues: str, warn: 
 class UnservedCalls:
     """The policy for calls a recording cannot serve: "eager" runs them eagerly and warns
     the first time; "raise" raises the finding. The caller runs the eager call
-    (`eager_call.run_eager_call`)."""
+    (`eager_call.run_eager_call`). `first` keeps the first such call's finding, warned
+    about or not, so that a step whose calls run eagerly while its graph stays says why."""
 
     def __init__(self, policy: OnFailure) -> None:
         self.policy = policy
         self.warned = False
+        self.first: Finding | None = None
+
+    def seen(self, finding: Finding) -> None:
+        if self.first is None:
+            self.first = finding
 
     def admit(self, finding: Finding, what_follows: str) -> None:
         if self.policy == "raise":

@@ -34,6 +34,7 @@ class Code(str, enum.Enum):
     OPTIMIZER_NOT_PASSED = "OPTIMIZER_NOT_PASSED"
     PARAMETERS_CHANGED = "PARAMETERS_CHANGED"
     UNSUPPORTED_SETUP = "UNSUPPORTED_SETUP"
+    OTHER_THREAD_IN_CAPTURE = "OTHER_THREAD_IN_CAPTURE"
     # The environment.
     NO_CUDA = "NO_CUDA"
     NCCL_TOO_OLD = "NCCL_TOO_OLD"
@@ -162,6 +163,16 @@ CATALOG: dict[Code, CodeInfo] = {
         "CUDA rejected an operation while the step was being recorded.",
         "Run `ddpgraph doctor your_script.py` for a per-rank diagnosis, and report the "
         "message if it names no cause.",
+    ),
+    Code.OTHER_THREAD_IN_CAPTURE: CodeInfo(
+        "Another thread's CUDA call invalidated the capture",
+        "In CUDA's \"global\" capture mode (`torch.cuda.graph`'s default) an unsafe CUDA call "
+        "from any thread invalidates the capture: a DataLoader's pin-memory thread pinning the "
+        "next batch (`cudaHostAlloc`, `cudaEventQuery`), a thread that synchronises or queries "
+        "events.",
+        "Capture with `torch.cuda.graph(g, capture_error_mode=\"thread_local\")`: only the "
+        "capturing thread's own calls are refused then. `ddpgraph.capture_step` captures that "
+        "way already and needs no change.",
     ),
     Code.UNSUPPORTED_SETUP: CodeInfo(
         "A training setup that cannot be captured whole",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
@@ -83,23 +84,27 @@ class ProbeResult:
 
 @contextmanager
 def host_sync_probe(enabled: bool = True) -> Iterator[ProbeResult]:
-    """Collect the host synchronisations made inside the block (on CUDA only).
+    """Collect the host synchronisations this thread makes inside the block (on CUDA only).
 
     Other warnings raised inside the block are shown as usual; the sync warnings the
-    probe itself causes are not.
+    probe itself causes are not. Sync debug mode and the warning hook are the process's:
+    another thread's synchronisations (a user's thread that synchronises, a DataLoader's)
+    warn too, but are not the step's, and are left out.
     """
     result = ProbeResult()
     if not enabled or not torch.cuda.is_available():
         yield result
         return
     previous_mode = torch.cuda.get_sync_debug_mode()
+    owner = threading.get_ident()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         shown = warnings.showwarning
 
         def record(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
             if _SYNC_WARNING in str(message):
-                result.events.append(SyncEvent(traceback.extract_stack()[:-1], known_setting(sys._getframe(1))))
+                if threading.get_ident() == owner:
+                    result.events.append(SyncEvent(traceback.extract_stack()[:-1], known_setting(sys._getframe(1))))
             else:
                 shown(message, category, filename, lineno, file, line)
 

@@ -7,10 +7,10 @@ graphed job whose peer never arrives would wait silently, forever.
 After each replay the training thread records a CUDA event on the replay stream and
 appends it to a queue: no host synchronisation, no lock, a few microseconds. A daemon
 thread polls only the oldest pending event with `query()`, which never waits and never
-touches the capture stream. While the training thread records another graph (a new
-input signature of a family, a re-capture) it holds `quiet()`, and the thread queries
-nothing: under CUDA's global capture mode an event query from any thread invalidates
-the recording. A replay is late when it has not finished `timeout_s` after it
+touches the capture stream. It may query while the training thread records another
+graph (a new input signature of a family, a re-capture): ddpgraph records in CUDA's
+"thread_local" capture mode (`capture_mode`), where another thread's query of an event
+recorded before the capture cannot invalidate it. A replay is late when it has not finished `timeout_s` after it
 could start (the later of its launch and the previous replay's end, since the host may
 run ahead of the GPU by many replays). Then, on the rank that sees it:
 
@@ -186,7 +186,6 @@ class ReplayWatchdog:
         self._thread: threading.Thread | None = None
         self._aborter: threading.Thread | None = None
         self._stop = threading.Event()
-        self._quiet = threading.Lock()  # held by the training thread while it records
 
     # ------------------------------------------------------------ training thread
     def after_replay(self, stream: Any = None) -> None:
@@ -220,11 +219,6 @@ class ReplayWatchdog:
             cached = self._stream = torch.cuda.current_stream(self._device)
         return cached
 
-    def quiet(self) -> threading.Lock:
-        """Held around a recording (`with watchdog.quiet(): ...`): no event is queried
-        meanwhile, and one query under way is waited for (it never waits itself)."""
-        return self._quiet
-
     def check(self) -> None:
         """Raise the timeout's finding once the watchdog aborted the process group."""
         if self.failure is not None:
@@ -240,13 +234,8 @@ class ReplayWatchdog:
     # ------------------------------------------------------------ watchdog thread
     def poll(self, now: float) -> bool:
         """Retire finished replays, publish progress, report a late one. True when the
-        policy says to act (the caller then runs `act`). Nothing while a graph records."""
-        if not self._quiet.acquire(blocking=False):
-            return False
-        try:
-            self._retire(now)
-        finally:
-            self._quiet.release()
+        policy says to act (the caller then runs `act`)."""
+        self._retire(now)
         self.board.maybe_publish(self.replays, self.finished, now)
         if not self._pending or self.timeout_s is None:
             return False

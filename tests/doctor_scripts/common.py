@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 FEATURES, CLASSES, BATCH = 32, 4, 8
 
@@ -35,6 +36,13 @@ def make_model(device: torch.device) -> nn.Module:
 
 def batch(device: torch.device, size: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(size, FEATURES, device=device), torch.randint(0, CLASSES, (size,), device=device)
+
+
+def pinned_loader() -> DataLoader:
+    """The DataLoader almost every training script has: worker processes, pinned memory."""
+    data = TensorDataset(torch.randn(8192, FEATURES), torch.randint(0, CLASSES, (8192,)))
+    loader = DataLoader(data, batch_size=64, sampler=DistributedSampler(data), num_workers=4, pin_memory=True, drop_last=True)
+    return loader
 
 
 def side_stream_ddp(model: nn.Module, device: torch.device) -> tuple[torch.cuda.Stream, DDP]:

@@ -8,6 +8,7 @@ without the doctor.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -44,6 +45,7 @@ PLAIN_FAILS = {
     "capture_step_batch_object.py": "UNSUPPORTED_INPUT",
     "cpu_fail.py": "batch_size",
     "cpu_nan_monitor.py": "NON_FINITE_LOSS",
+    "recipe_pinned_loader.py": "captur",
 }
 # Long-running or hanging without a time limit: not run plainly.
 NOT_PLAIN = {"cpu_hang.py"}
@@ -52,6 +54,12 @@ NOT_PLAIN = {"cpu_hang.py"}
 def _run(name: str) -> tuple[int, dict, str]:
     if ranks_needed(name) > WORLD:
         pytest.skip(f"its expectation needs {ranks_needed(name)} ranks; DDPGRAPH_GPU_WORLD={WORLD}")
+    return _doctored(name)
+
+
+@functools.cache
+def _doctored(name: str) -> tuple[int, dict, str]:
+    """The doctor's run of `name`, once per session: the tests of one script share it."""
     return run_doctor(name, nproc=WORLD, timeout=doctor_timeout(name))
 
 
@@ -84,6 +92,21 @@ def test_an_odd_batch_on_one_rank_is_no_disagreement() -> None:
     # The case did happen: the last rank replayed less, and synchronised as often.
     assert ranks[0]["ddp_replays"] > ranks[-1]["ddp_replays"], ranks
     assert len({r["collective_steps"] for r in ranks}) == 1, ranks
+
+
+def test_a_pinned_dataloader_is_named_by_its_pin_memory_thread() -> None:
+    # The recipe in CUDA's global mode, fed by DataLoader(num_workers=4, pin_memory=True):
+    # the pin-memory thread, its DataLoader's line and the fix; with the fix, clean.
+    _, report, output = _run("recipe_pinned_loader.py")
+    [finding] = report["findings"]
+    assert finding["code"] == "OTHER_THREAD_IN_CAPTURE", output[-4000:]
+    assert "pin-memory thread of the DataLoader built at " in finding["happened"]
+    assert "loader = DataLoader(data, batch_size=64" in finding["happened"] and "`Tensor.pin_memory`" in finding["happened"]
+    assert 'capture_error_mode="thread_local"' in finding["fix"] and "capture_step" in finding["fix"]
+    for clean in ("recipe_pinned_loader_thread_local.py", "capture_step_pinned_loader.py"):
+        status, report, output = _run(clean)
+        assert status == 0 and report["findings"] == [], json.dumps(report["findings"], indent=1) + output[-4000:]
+        assert all(r["captures"] == 1 and r["replays"] > 40 for r in report["ranks"]), report["ranks"]
 
 
 def test_a_sync_inside_transformers_names_the_chain_and_a_setting() -> None:

@@ -103,6 +103,65 @@ def test_eager_and_emulated_whole_train_alike_on_cpu() -> None:
     assert captured.captured is True
     assert captured.note is not None and captured.note.startswith("CPU emulation")
     assert eager.note is None and eager.captured is None
+    # Every timed call replayed, on either feed; eager captures nothing to count.
+    assert [f.eager_calls for f in captured.feeds.values()] == [0, 0]
+    assert [f.eager_calls for f in eager.feeds.values()] == [None, None]
+
+
+class Recapturing(Runner):
+    """Captured from the second device call; the DataLoader feed starts a new step that
+    captures again only after `loader_calls_to_capture` calls; `eager_from` on, every
+    call runs eagerly (a graph that serves no call)."""
+
+    def __init__(self, device_calls: int, loader_calls_to_capture: int, eager_from: int | None = None) -> None:
+        self.calls = 0
+        self.device_calls = device_calls
+        self.to_capture = loader_calls_to_capture
+        self.eager_from = eager_from
+        self.eager = 0
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.eager_from is not None and self.calls >= self.eager_from:
+            self.eager += 1
+        return torch.zeros(())
+
+    @property
+    def captured(self) -> bool:
+        if self.calls <= self.device_calls:
+            return self.calls >= 2
+        return self.calls - self.device_calls >= self.to_capture
+
+    @property
+    def eager_calls(self) -> int:
+        return self.eager
+
+
+@pytest.mark.usefixtures("process_group")
+def test_the_dataloader_warm_up_lasts_until_the_strategy_captured_again() -> None:
+    device_calls = QUICK.warmup + QUICK.timed_steps
+    runners: list[Recapturing] = []
+
+    def build(case: Case, model: nn.Module) -> Runner:
+        runners.append(Recapturing(device_calls, loader_calls_to_capture=QUICK.loader_warmup + 3))
+        return runners[-1]
+
+    result = _run(Strategy("recapturing", "captures again late", build), _case())
+    assert result.status == "ok", result.reason
+    # Two rounds of warm-up: the first ended before the second capture.
+    assert runners[0].calls == device_calls + 2 * QUICK.loader_warmup + QUICK.timed_steps
+    assert result.feeds["dataloader"].eager_calls == 0 and result.note is None
+
+
+@pytest.mark.usefixtures("process_group")
+def test_timed_calls_that_ran_eagerly_are_counted_and_said() -> None:
+    device_calls = QUICK.warmup + QUICK.timed_steps
+    eager_from = device_calls + QUICK.loader_warmup + 1  # every timed DataLoader call
+    strategy = Strategy("unserved", "eager calls", lambda case, model: Recapturing(device_calls, 1, eager_from))
+    result = _run(strategy, _case())
+    assert result.feeds["device"].eager_calls == 0
+    assert result.feeds["dataloader"].eager_calls == QUICK.timed_steps
+    assert result.note == f"{QUICK.timed_steps} of {QUICK.timed_steps} timed calls ran eagerly with the DataLoader feed"
 
 
 @pytest.mark.usefixtures("process_group")

@@ -38,6 +38,9 @@ def test_changed_shape_runs_eagerly_and_warns_once(make_run, batches, same) -> N
     assert "HINT:" in message
     s = step.stats
     assert (s.input_changes, s.eager_steps, s.replays, s.captures) == (2, 2, 5, 1)
+    # The step stays captured, and says why some of its calls ran eagerly.
+    assert step.state is StepState.CAPTURED and step.reason is None
+    assert step.eager_reason is not None and step.eager_reason.code is Code.INPUT_SIGNATURE_CHANGED
     assert got.losses == expected.losses
     assert same(run.params(), ref.params())
     assert same(run.buffers(), ref.buffers())

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 import warnings
 from typing import Any
 
@@ -114,41 +112,3 @@ def test_family_arguments_are_checked(make_run, kwargs: dict[str, Any], match: s
     with pytest.raises(ddpgraph.DdpGraphUsageError, match=match):
         run.capture(**kwargs)
 
-
-def test_the_watchdog_queries_no_event_while_another_graph_records(make_run, batches, monkeypatch) -> None:
-    # Under CUDA's global capture mode an event query from any thread invalidates the
-    # recording: the watchdog's thread must stay quiet while a family adds a graph, with
-    # replays of the first graph still pending (these events never finish).
-    recording = threading.Event()
-    queried_while_recording: list[int] = []
-    queries: list[int] = []
-
-    class PendingEvent:
-        def record(self, stream: Any = None) -> None:
-            pass
-
-        def query(self) -> bool:
-            queries.append(1)
-            if recording.is_set():
-                queried_while_recording.append(1)
-            return False
-
-    monkeypatch.setattr(ddpgraph.watchdog, "event_factory_for", lambda device: PendingEvent)
-    run = make_run()
-    step = run.capture(max_graphs=3, replay_timeout=5.0, on_replay_timeout="report")
-    backend = step._backend
-    capture = backend.capture
-
-    def slow_capture(*args: Any, **kwargs: Any) -> Any:
-        recording.set()
-        try:
-            time.sleep(0.3)  # the thread polls every 0.1 s (5 s / 50)
-            return capture(*args, **kwargs)
-        finally:
-            recording.clear()
-
-    monkeypatch.setattr(backend, "capture", slow_capture)
-    with step:
-        run.train(_data(batches), step)
-        assert step.stats.graphs == 3 and step._watchdog.replays > 0
-    assert queries and not queried_while_recording

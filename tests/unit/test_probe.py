@@ -4,7 +4,9 @@ user's own frame in a stack."""
 from __future__ import annotations
 
 import os
+import threading
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -112,3 +114,23 @@ def test_probe_records_nothing_without_cuda() -> None:
     with host_sync_probe(enabled=True) as result:
         torch.ones(2).sum().item()
     assert result.events == []
+
+
+def test_probe_keeps_only_this_threads_synchronisations(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Sync debug mode warns in every thread; a user's thread that synchronises while the
+    # step runs (or a DataLoader's) is not the step's synchronisation.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    text = "called a synchronizing CUDA operation"
+
+    def other() -> None:
+        warnings.warn(text, UserWarning, stacklevel=1)
+
+    with host_sync_probe() as result:
+        thread = threading.Thread(target=other, name="poller")
+        thread.start()
+        thread.join()
+        warnings.warn(text, UserWarning, stacklevel=1)  # this thread's
+    assert len(result.events) == 1
+    assert any(f.name == "test_probe_keeps_only_this_threads_synchronisations" for f in result.events[0].stack)

@@ -171,6 +171,39 @@ def test_a_submodule_switched_to_eval_after_capture_runs_eagerly(process_group, 
     assert step.stats.replays == replays + 2
 
 
+def test_the_eval_mode_is_the_reason_the_calls_ran_eagerly(process_group, batches) -> None:
+    # A call that runs eagerly while the graph stays is counted and says why: a bench row
+    # or a training loop whose every call runs eagerly must not pass for a slow graph.
+    ddp, opt, fn = _setup()
+    step = _compiled_step(ddp, opt, fn)
+    data = batches(14)
+    _train(step, data[:12])
+    assert step.eager_reason is None
+    ddp.module.bn.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _train(step, data[12:])
+    assert step.state is StepState.CAPTURED and step.reason is None
+    assert step.stats.eager_steps == 2
+    assert step.eager_reason is not None and step.eager_reason.code is Code.MODEL_MODE_CHANGED
+
+
+def test_warm_up_copies_keep_each_argument_where_it_is(process_group) -> None:
+    # capture_step records the signature it is given: the warm-up copies the compile
+    # strategy hands it (laid out as the static inputs will be) must keep the caller's
+    # device, or a CPU batch (a pinned DataLoader's) would be recorded as a GPU input and
+    # every later call with the user's CPU batch would differ from it and run eagerly.
+    from ddpgraph.inputs import TensorMeta
+    from ddpgraph.strategies.base import like_static_inputs
+
+    x = torch.randn(8, 6)[:, :4]  # a slice: not contiguous
+    y = torch.arange(8)
+    (cx, cy), kw = like_static_inputs((x, y), {})
+    assert kw == {}
+    assert [TensorMeta.of(t) for t in (cx, cy)] == [TensorMeta.of(t) for t in (x, y)]
+    assert cx.is_contiguous() and cx.data_ptr() != x.data_ptr() and torch.equal(cx, x)
+
+
 def test_a_model_compiled_by_the_user(process_group, batches) -> None:
     ddp, opt, _ = _setup()
     compiled = torch.compile(ddp, backend="eager")

@@ -81,6 +81,12 @@ class Runner:
         """Whether the steps now replay a whole-step graph; None where that does not apply."""
         return None
 
+    @property
+    def eager_calls(self) -> int | None:
+        """Calls so far that a strategy which captures ran eagerly after its warm-up;
+        None where that does not apply."""
+        return None
+
     def note(self) -> str | None:
         """Something the reader of the results must know (e.g. why it ran eagerly)."""
         return None

@@ -7,8 +7,12 @@ The phases, each ended by an exchange between ranks (`Control.phase`):
 2. warm-up on the device feed: compilation, DDP's first iterations, capture;
 3. timing on the device feed: windows of steps, synchronised only at window edges;
 4. profile (rank 0, on CUDA): a few steps under torch.profiler for the kernel time;
-5. with the DataLoader feed: warm-up (a captured strategy may capture again for pinned
-   host inputs), then timing the same way.
+5. with the DataLoader feed: warm-up (a captured strategy captures again for pinned host
+   inputs; the warm-up goes on, up to `LOADER_WARMUP_ROUNDS` times, until it has on every
+   rank), then timing the same way.
+
+Each feed's timing counts the calls a captured strategy ran eagerly (`eager_calls`): a
+graph that serves no call must show, not pass for a slow graph.
 
 Peak memory is reset before the build and read after the device-feed phases. Whatever
 happens, the runner is closed and its memory returned before the next strategy.
@@ -31,10 +35,13 @@ from .case import Case, Runner
 from .control import Control, PhaseFailed, short_error
 from .feeds import Batch, device_feed, loader_feed
 from .registry import Strategy
-from .schema import FeedResult, StrategyResult
+from .schema import FEED_TITLES, FeedResult, StrategyResult
 from .stats import Measurement, ratio, windows
 
 MIB = 1024 * 1024
+# The DataLoader warm-up is repeated until a strategy captured on the device feed has
+# captured again, at most this many times in all.
+LOADER_WARMUP_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,8 @@ class Settings:
     profile_steps: int = 5  # steps under the profiler (0: no GPU-busy figure)
     dataloader: bool = True
     loader_warmup: int = 8  # untimed DataLoader steps (room for a second capture)
-    loader_workers: int = 2
+    # As training scripts set their loaders up: worker processes, pinned batches.
+    loader_workers: int = 4
 
     @property
     def timed_steps(self) -> int:
@@ -128,9 +136,11 @@ def _measure(
     on_phase("warm-up")
     control.phase("warm-up", lambda: steps(feed, settings.warmup), label=label)
     on_phase("timing")
+    before = runner.eager_calls
     timing = control.phase(
         "timing", lambda: _timed(runner, feed, settings, device, last), label=label
     )
+    device_eager = _since(before, runner.eager_calls)
     gpu = GpuProfile()
     if case.on_cuda and settings.profile_steps > 0:
         on_phase("profile")
@@ -147,37 +157,44 @@ def _measure(
     active_ms, why = gpu.active_ms_per_step, gpu.why
     result.kernel_ms_per_step = gpu.kernel_ms_per_step
     result.gpu_timeline = gpu.timeline
-    result.feeds["device"] = _feed_result(timing, active_ms)
+    result.feeds["device"] = _feed_result(timing, active_ms, device_eager)
     if case.on_cuda:
         peaks = control.gather(torch.cuda.max_memory_allocated(device))
         result.peak_memory_mib = max(peaks) / MIB
     if settings.dataloader:
         loader = loader_feed(
             batches,
-            settings.loader_warmup + settings.timed_steps,
+            LOADER_WARMUP_ROUNDS * settings.loader_warmup + settings.timed_steps,
             workers=settings.loader_workers,
             pin_memory=case.on_cuda,
         )
+        was_captured = runner.captured is True
         try:
             on_phase("DataLoader warm-up")
-            control.phase(
-                "DataLoader warm-up", lambda: steps(loader, settings.loader_warmup), label=label
-            )
+            for _ in range(LOADER_WARMUP_ROUNDS):
+                control.phase(
+                    "DataLoader warm-up", lambda: steps(loader, settings.loader_warmup), label=label
+                )
+                if not was_captured or all(control.gather(runner.captured is True)):
+                    break
             on_phase("DataLoader timing")
+            before = runner.eager_calls
             loaded = control.phase(
                 "DataLoader timing",
                 lambda: _timed(runner, loader, settings, device, last),
                 label=label,
             )
+            loader_eager = _since(before, runner.eager_calls)
         finally:
             loader.close()
-        result.feeds["dataloader"] = _feed_result(loaded, active_ms)
+        result.feeds["dataloader"] = _feed_result(loaded, active_ms, loader_eager)
 
     def read_outcome() -> None:
         result.final_loss = float(last[0]) if last else None
         result.capture_s = runner.capture_seconds
         result.captured = runner.captured
-        result.note = "\n".join(filter(None, [runner.note(), why])) or None
+        eager = eager_calls_note(result, settings.timed_steps)
+        result.note = "\n".join(filter(None, [eager, runner.note(), why])) or None
 
     control.phase("reading the results", read_outcome, label=label)
 
@@ -202,13 +219,31 @@ def _timed(
     return timing
 
 
-def _feed_result(timing: Timing, active_ms: float | None) -> FeedResult:
+def _since(before: int | None, after: int | None) -> int | None:
+    return None if before is None or after is None else after - before
+
+
+def eager_calls_note(result: StrategyResult, timed_steps: int) -> str | None:
+    """What a row's note says of the timed calls a captured strategy ran eagerly."""
+    said = [
+        f"{n} of {timed_steps} timed calls ran eagerly with the {FEED_TITLES.get(feed, feed)}"
+        for feed, timed in result.feeds.items()
+        if (n := timed.eager_calls)
+    ]
+    return "; ".join(said) or None
+
+
+def _feed_result(timing: Timing, active_ms: float | None, eager_calls: int | None = None) -> FeedResult:
     m = Measurement.of(timing)
     # Capped: the profiled steps' device work can exceed an unprofiled step's wall time
     # by the timing's noise when the GPU never rests.
     busy = ratio(active_ms, m.ms_per_step)
     return FeedResult(
-        m.ms_per_step, m.spread_ms, m.window_ms, gpu_busy=None if busy is None else min(busy, 1.0)
+        m.ms_per_step,
+        m.spread_ms,
+        m.window_ms,
+        gpu_busy=None if busy is None else min(busy, 1.0),
+        eager_calls=eager_calls,
     )
 
 

@@ -23,6 +23,8 @@ A result's `varlen` (the variable-length case, `--seq-lens`) holds its `role` (v
 bucketed, fixed, pool_reference), `family`, `lengths`, `buckets`, and for capture_step rows
 `graphs_held`, `captures`, `replays`, `eager_steps`, `eager_after_warmup`, `pool_mib`;
 setup.settings.variable_lengths then describes the case (None otherwise).
+A feed's `eager_calls` counts its timed calls that a strategy which captures (`whole`,
+`compile`, `partial`) ran eagerly instead of replaying (None for the others).
 A feed's `throughput` is `units_per_step` (world size × batch size × tokens per sequence,
 or images) per second, in the result's `throughput_unit`.
 Times are milliseconds, except `capture_s` and `wall_s` (seconds) and the gaps (µs).
@@ -50,6 +52,7 @@ SHARED_NAMES_VERSION = 3
 # What the rows of earlier versions are called now.
 _FORMER_ROWS = {**FORMER_BENCH_NAMES, "compile": "torch-compile"}
 STATUSES = ("ok", "failed", "skipped")
+FEED_TITLES = {"device": "device feed", "dataloader": "DataLoader feed"}
 
 SETUP_KEYS = (
     "world_size",
@@ -74,6 +77,8 @@ class FeedResult:
     speedup: float | None = None
     gpu_busy: float | None = None
     throughput: float | None = None  # `throughput_unit`s per second, all ranks together
+    # Timed calls a strategy that captures ran eagerly (None: it does not capture).
+    eager_calls: int | None = None
 
 
 @dataclass

@@ -212,6 +212,7 @@ class MakeStepRunner(Runner):
         self._step: GraphedStep[torch.Tensor] | None = None
         self._inputs_on: torch.device | None = None
         self._past: list[tuple[bool, str | None]] = []  # (captured, note) of closed steps
+        self._past_eager = 0  # eager calls of the closed steps
 
     @property
     def captured(self) -> bool:
@@ -219,6 +220,10 @@ class MakeStepRunner(Runner):
         if self._step is not None:
             states.append(self._step.state is StepState.CAPTURED)
         return bool(states) and all(states)
+
+    @property
+    def eager_calls(self) -> int:
+        return self._past_eager + (self._step.stats.eager_steps if self._step is not None else 0)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self._step is None or x.device != self._inputs_on:
@@ -243,7 +248,15 @@ class MakeStepRunner(Runner):
         reason = step.reason
         if reason is None:
             emulated = self._backend is not None and step.state is StepState.CAPTURED
-            return EMULATED if emulated else None
+            # Calls the graph could not serve ran eagerly while it stayed: say which and why.
+            eager = getattr(step, "eager_reason", None)
+            unserved = (
+                f"captured, but {step.stats.eager_steps} calls (inputs on {self._inputs_on}) ran "
+                f"eagerly: {eager.format()}"
+                if eager is not None
+                else None
+            )
+            return "\n".join(filter(None, [unserved, EMULATED if emulated else None])) or None
         if reason.code is Code.NO_CUDA:
             return f"[{reason.code.value}] {reason.happened}"
         return f"ran eagerly (inputs on {self._inputs_on}): {reason.format()}"
@@ -252,6 +265,7 @@ class MakeStepRunner(Runner):
         if self._step is None:
             return
         self._past.append((self._step.state is StepState.CAPTURED, self._step_note(self._step)))
+        self._past_eager += self._step.stats.eager_steps
         self._step.close()
         self._step = None
 

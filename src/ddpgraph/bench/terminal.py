@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .compare import SUBJECT
-from .schema import Report
+from .schema import FEED_TITLES, Report
 from .table import (
     DASH,
     NOISE,
@@ -39,7 +39,6 @@ _ALWAYS = {"model", "batch", "strategy"}
 # Columns of result_row and summary_row shown per feed.
 _RESULT_COLUMNS = {"device": [0, 1, 2, 3, 4, 5, 6], "dataloader": [0, 1, 7, 8, 9]}
 _SUMMARY_COLUMNS = {"device": [0, 1, 2, 3, 4, 5, 6, 7], "dataloader": [0, 1, 2, 8, 9]}
-FEED_TITLES = {"device": "device feed", "dataloader": "DataLoader feed"}
 
 
 def output_console() -> Console:

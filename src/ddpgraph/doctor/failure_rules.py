@@ -15,6 +15,7 @@ import os
 import traceback
 from collections.abc import Sequence
 
+from ..capture_mode import TORCH_DEFAULT_MODE
 from ..code_origin import TORCH_DIR, under
 from ..diagnose import capture_findings, error_chain, error_location, first_line
 from ..errors import DdpGraphError
@@ -29,6 +30,9 @@ def capture_failure_findings(
 ) -> list[Finding]:
     """What made the capture of `graph` raise `errors`."""
     known: list[Finding] = []
+    other_threads = other_thread_finding(graph)
+    if other_threads is not None:
+        known.append(other_threads)
     ddps = list({id(f.ddp): f.ddp for f in graph.forwards}.values())
     for ddp in ddps:
         if ddp.built_on is not None and ddp.built_on.is_default:
@@ -53,6 +57,26 @@ def capture_failure_findings(
             break
     return capture_findings(
         errors, graph.warnings, syncs, known=known, accumulators_on_default=_accumulators_on_default(graph, ddps)
+    )
+
+
+def other_thread_finding(graph: Graph) -> Finding | None:
+    """OTHER_THREAD_IN_CAPTURE when other threads called CUDA while `graph` was recorded in
+    the "global" mode, where any thread's unsafe call invalidates the capture; in the
+    other modes only the capturing thread's own calls can."""
+    if graph.mode != TORCH_DEFAULT_MODE or not graph.other_threads:
+        return None
+    calls = "; ".join(c.describe() for c in graph.other_threads)
+    return Finding(
+        Code.OTHER_THREAD_IN_CAPTURE,
+        f"the capture began in CUDA's \"global\" mode (`torch.cuda.graph`'s default), where an "
+        f"unsafe CUDA call from any thread invalidates it, and while it was recorded {calls}",
+        "pass `capture_error_mode=\"thread_local\"` to `torch.cuda.graph(...)` (or to "
+        "`CUDAGraph.capture_begin`): CUDA then refuses only this thread's own unsafe calls, and "
+        "the other thread keeps working. `ddpgraph.capture_step` captures that way already: a "
+        "step it captures needs no change",
+        subject="capture",
+        location=graph.location,
     )
 
 

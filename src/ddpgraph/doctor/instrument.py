@@ -27,10 +27,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ..capture_mode import TORCH_DEFAULT_MODE
 from ..ddp import model_device
 from ..probe import ProbeResult, host_sync_probe, user_location
 from .observed import StreamInfo, storage_key
 from .recorder import Recorder
+from .threads import ThreadWatch
 
 # ddpgraph's modules whose decisions the doctor reports (imported before the script runs).
 _DDPGRAPH_MODULES = ("ddpgraph.fallback", "ddpgraph.capture", "ddpgraph.strategies.evaluation", "ddpgraph.training.monitor")
@@ -72,6 +74,7 @@ class Instrumentation:
         # ddpgraph's internals may move; a hook that cannot be placed is one of the
         # doctor's own errors (in the report), never the script's.
         self._safely("watching ddpgraph", self._watch_ddpgraph)
+        self._safely("watching other threads", lambda: self._undo.extend(ThreadWatch(self.recorder).install(_wrap, self._safely)))
         self._undo.append(register_optimizer_step_pre_hook(self._optimizer_step).remove)
         shown = warnings.showwarning
 
@@ -166,9 +169,11 @@ class Instrumentation:
     def _capture_begin(self, original: Callable[..., Any], graph: Any, *args: Any, **kwargs: Any) -> Any:
         self._handling_at_begin = sys.exc_info()[1]
         where = user_location()
+        # `capture_begin(pool=None, capture_error_mode="global", ...)`, as torch.cuda.graph calls it.
+        mode = str(kwargs.get("capture_error_mode", args[1] if len(args) > 1 else TORCH_DEFAULT_MODE))
         self._safely(
             "capture_begin",
-            lambda: self.recorder.capture_begin(graph, where, _current_stream(), _live_storages),
+            lambda: self.recorder.capture_begin(graph, where, _current_stream(), _live_storages, mode),
         )
         self._graph = graph
         self._probe = host_sync_probe(enabled=torch.cuda.is_available())

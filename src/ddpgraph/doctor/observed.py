@@ -7,6 +7,7 @@ doctor must not keep alive, and so change the memory behaviour of, what the scri
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,26 @@ class GraphInput:
 
 
 @dataclass(frozen=True)
+class ThreadCall:
+    """A CUDA call another thread than the capturing one made while a graph was recorded."""
+
+    thread: str  # the thread's name
+    target: str | None  # the function it runs, `module.qualname`
+    call: str  # the Python entry point, e.g. "`Tensor.pin_memory`"
+    cuda: str  # what that entry point asks of CUDA
+    where: Location | None  # the user's line in that thread's stack
+    loader_at: Location | None = None  # for a DataLoader's pin-memory thread: where it was built
+
+    def describe(self) -> str:
+        if self.loader_at is not None:
+            who = f"the pin-memory thread of the DataLoader built at {self.loader_at} (`{self.thread}`)"
+        else:
+            who = f"thread `{self.thread}`" + (f" (running `{self.target}`)" if self.target else "")
+        at = f" at {self.where}" if self.where is not None else ""
+        return f"{who} called {self.call}{at}, which {self.cuda}"
+
+
+@dataclass(frozen=True)
 class StateLoad:
     """A `load_state_dict` call on a module or optimizer."""
 
@@ -85,6 +106,11 @@ class Graph:
     loads_checked: int = 0
     loaded_optimizers: set[int] = field(default_factory=set)  # ids loaded after capture
     reported: set[str] = field(default_factory=set)  # kinds of replay finding already made
+    # CUDA's capture mode it began with, the thread recording it, and what other threads
+    # asked of CUDA meanwhile.
+    mode: str = "global"
+    thread: int = field(default_factory=threading.get_ident)  # made by `capture_begin`
+    other_threads: list[ThreadCall] = field(default_factory=list)
 
     @property
     def has_ddp(self) -> bool:
@@ -97,6 +123,12 @@ class Graph:
     def input_named(self, key: int) -> GraphInput | None:
         """The input whose storage is `key` (a view of an input shares it), if any."""
         return next((i for i in self.inputs if (t := i.tensor()) is not None and storage_key(t) == key), None)
+
+    def other_thread_called(self, call: ThreadCall) -> None:
+        """Another thread made a CUDA call while this graph was recorded (kept once per
+        thread and entry point)."""
+        if all((c.thread, c.call) != (call.thread, call.call) for c in self.other_threads):
+            self.other_threads.append(call)
 
     def input_versions(self) -> tuple[int, ...]:
         """The inputs' version counters: an in-place write (`copy_`) bumps them."""

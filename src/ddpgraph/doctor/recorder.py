@@ -42,7 +42,15 @@ from .failure_rules import (
     raised_by_cuda,
     script_error_finding,
 )
-from .observed import DdpForward, DdpModel, Graph, GraphInput, StateLoad, StreamInfo, storage_key
+from .observed import (
+    DdpForward,
+    DdpModel,
+    Graph,
+    GraphInput,
+    StateLoad,
+    StreamInfo,
+    storage_key,
+)
 from .records import GraphCounts, RankRecord, RankStatus
 
 
@@ -80,8 +88,9 @@ class Recorder:
 
     # ------------------------------------------------------------------ state
     @property
-    def capturing(self) -> bool:
-        return self._capturing is not None
+    def capturing_graph(self) -> Graph | None:
+        """The graph being recorded now, None while none is."""
+        return self._capturing
 
     @property
     def captured_any(self) -> bool:
@@ -169,11 +178,14 @@ class Recorder:
         location: Location | None,
         stream: StreamInfo | None,
         live_storages: Callable[[], set[int]] = set,
+        mode: str = "global",
     ) -> None:
+        """A capture begins on this thread, in CUDA's capture `mode`."""
         self._graph_count += 1
         # Only DDP forwards' inputs are tracked: the scan is skipped without DDP.
         preexisting = live_storages() if self.has_ddp else set()
-        self._capturing = Graph(self._graph_count, location, stream, self._backward_stream, preexisting)
+        number, backward = self._graph_count, self._backward_stream
+        self._capturing = Graph(number, location, stream, backward, preexisting, mode=mode)
         self._graphs[graph] = self._capturing
 
     def capture_end(

@@ -71,14 +71,18 @@ def run_eager(
     return run_eager_call(fn, leaves, spec, device, stream)
 
 
-def like_static_inputs(
-    args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def like_static_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Copies of the tensor arguments laid out as `capture_step`'s static inputs will be
     (a sliced batch becomes contiguous). TorchDynamo guards on strides: warm-up calls
-    that see the user's layout would make the capture call recompile."""
+    that see the user's layout would make the capture call recompile.
+
+    Each copy stays on its tensor's device: `capture_step` records the signature of the
+    arguments it is given, and a CPU batch handed over as a GPU copy would be recorded
+    as a GPU input, so that every later call with the user's CPU batch (a pinned
+    DataLoader's) differed from it and ran eagerly. `capture_step` moves CPU tensors to
+    the GPU itself, in warm-up as in replays."""
     leaves, spec = flatten_call(args, kwargs)
-    return StaticInputs(leaves, spec, device).call_args()
+    return StaticInputs(leaves, spec, None).call_args()
 
 
 class StepBase(Generic[R]):

@@ -153,6 +153,11 @@ class CompiledStep(StepBase[R]):
         return self._core.reason
 
     @property
+    def eager_reason(self) -> Finding | None:
+        """As `CapturedStep.eager_reason`, for the captured step in use."""
+        return self._core.eager_reason
+
+    @property
     def stats(self) -> StepStats:
         now = self._core.stats
         merged = StepStats(**{f.name: getattr(self._past, f.name) + getattr(now, f.name) for f in _COUNTS})
@@ -183,7 +188,7 @@ class CompiledStep(StepBase[R]):
                 return self._eager_instead(change, args, kwargs)
         before_state, before_compiles = core.state, compile_count()
         if before_state is StepState.WARMUP:
-            args, kwargs = like_static_inputs(args, kwargs, self._device)
+            args, kwargs = like_static_inputs(args, kwargs)
         out = core(*args, **kwargs)
         compiled = compile_count() != before_compiles
         if self._settling:
@@ -297,7 +302,7 @@ class CompiledStep(StepBase[R]):
                 DdpGraphWarning,
                 stacklevel=3,
             )
-        return self._core.eager_call(*args, **kwargs)
+        return self._core.eager_call(finding, *args, **kwargs)
 
     def _release(self) -> None:
         self._core.close()

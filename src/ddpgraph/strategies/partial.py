@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..agreement import Outcome, agree
+from ..capture_mode import default_capture_mode
 from ..ddp import inner_module, model_device, process_group_of
 from ..diagnose import finding_from_error
 from ..distributed import current_rank
@@ -78,7 +79,10 @@ MAX_ATTEMPTS = 64
 
 def cuda_grapher(module: nn.Module, sample_args: tuple[torch.Tensor, ...]) -> None:
     # allow_unused_input: parameters a forward does not use get no gradient, as in eager.
-    torch.cuda.make_graphed_callables(module, sample_args, allow_unused_input=True)
+    # make_graphed_callables takes no capture mode: its graphs get ddpgraph's, so that a
+    # DataLoader's pin-memory thread cannot break them (`capture_mode`).
+    with default_capture_mode():
+        torch.cuda.make_graphed_callables(module, sample_args, allow_unused_input=True)
 
 
 @dataclass

@@ -1,0 +1,47 @@
+"""PyTorch's whole-step recipe fed by the DataLoader almost every script has: worker
+processes and pinned memory (`common.pinned_loader`). The capture begins in
+`torch.cuda.graph`'s default mode, "global", where a CUDA call from any thread
+invalidates it, and the DataLoader's pin-memory thread pins the next batches
+(`cudaHostAlloc`) while the step is recorded. CUDA says only "operation failed due to a
+previous error during capture"; the doctor names the pin-memory thread, where its
+DataLoader was built, and the fix, `capture_error_mode="thread_local"`, which
+recipe_pinned_loader_thread_local.py passes here.
+
+    torchrun --nproc_per_node=2 tests/doctor_scripts/recipe_pinned_loader.py
+    ddpgraph doctor --nproc 2 tests/doctor_scripts/recipe_pinned_loader.py
+"""
+
+from typing import Any
+
+import torch
+from common import make_model, pinned_loader, setup, side_stream_ddp, teardown, train_step
+
+
+def main(**graph_options: Any) -> None:
+    _, device = setup()
+    s, ddp = side_stream_ddp(make_model(device), device)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=torch.tensor(1e-3, device=device), capturable=True)
+    batches = iter(pinned_loader())
+
+    static_x, static_y = (t.to(device) for t in next(batches))
+    with torch.cuda.stream(s):
+        for _ in range(11):
+            x, y = next(batches)
+            static_x.copy_(x, non_blocking=True)
+            static_y.copy_(y, non_blocking=True)
+            train_step(ddp, opt, static_x, static_y)
+    torch.cuda.current_stream().wait_stream(s)
+
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s, **graph_options):  # doctor: OTHER_THREAD_IN_CAPTURE
+        static_loss = train_step(ddp, opt, static_x, static_y)
+    for x, y in batches:
+        static_x.copy_(x, non_blocking=True)
+        static_y.copy_(y, non_blocking=True)
+        g.replay()
+    print(f"final loss {static_loss.item():.4f}")
+    teardown(g)
+
+
+if __name__ == "__main__":
+    main()
