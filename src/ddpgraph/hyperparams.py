@@ -286,11 +286,10 @@ class HyperparamMirror:
         if seen is None or len(groups) != len(seen):
             return self._full_pass()
         for i, (group, (keys, values, lists)) in enumerate(zip(groups, seen, strict=True)):
-            if not all(map(is_, map(group.get, keys), values)):
-                if not self._follow(i, group, keys, values):
-                    return self._full_pass()
-            elif lists and any(group.get(k) != copy for k, copy in lists):
+            if lists and any(group.get(k) != copy for k, copy in lists):
                 return self._full_pass()  # a list changed in place
+            if not all(map(is_, map(group.get, keys), values)) and not self._follow(i, group, keys, values):
+                return self._full_pass()
         return []
 
     def _full_pass(self) -> list[HyperparamChange]:

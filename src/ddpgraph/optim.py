@@ -166,10 +166,8 @@ def baked_finding(changes: list[HyperparamChange], optimizer: Optimizer) -> Find
     update = own_update(optimizer)
     if update is not None and change.key == update.key:
         read = f"`{change.key}[{update.element}]`" if update.element is not None else f"`{change.key}`"
-        why = (
-            f"ddpgraph's own update for {name} reads {read} from a tensor; the rest of "
-            f"`{change.key}`, and whether it is zero, is a Python number in the graph"
-        )
+        rest = f"the rest of `{change.key}`" if update.element is not None else "whether it is zero"
+        why = f"ddpgraph's own update for {name} reads {read} from a tensor; {rest} is a Python number in the graph"
     else:
         why = (
             f"this PyTorch's graph-safe {name} reads `{change.key}` only as a Python number "
