@@ -6,14 +6,14 @@ kept working.
 
 On CPU, PyTorch's capturable Adam refuses CPU tensors by a device check only; with the
 check widened (`_capturable_on_cpu`) its own capturable foreach code runs here, the code
-the Adam update reproduces. tests/gpu/test_schedules_gpu.py compares with the CUDA
-kernels themselves.
+the Adam update reproduces. tests/gpu/test_schedules_gpu.py runs the same comparison
+(tests/own_update_check.py) with the CUDA kernels themselves.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,10 +25,9 @@ from torch.optim import Optimizer
 from ddpgraph.kernel_support import kernel_support
 from ddpgraph.own_step import OwnStep
 from ddpgraph.own_updates import own_update
+from own_update_check import CYCLE, params, same_steps
 
 CPU = torch.device("cpu")
-# The live value of each step: a schedule's values, changing every step.
-CYCLE = [0.9, 0.87, 0.8743, 0.95, 0.85, 0.9]
 
 
 @contextmanager
@@ -42,49 +41,12 @@ def _capturable_on_cpu() -> Iterator[None]:
 
 
 def _params(dtype: torch.dtype) -> list[torch.nn.Parameter]:
-    g = torch.Generator().manual_seed(0)
-    shapes = [(513,), (7, 3), (1,)]  # a vectorised body, a tail, a single element
-    return [torch.nn.Parameter(torch.randn(s, generator=g).to(dtype)) for s in shapes]
+    return params(dtype, CPU)
 
 
-def _set_grads(params: list[torch.nn.Parameter], k: int) -> None:
-    g = torch.Generator().manual_seed(10 + k)
-    for p in params:
-        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
-
-
-def _same_steps(
-    theirs_make: Callable[[list[torch.nn.Parameter]], Optimizer],
-    ours_make: Callable[[list[torch.nn.Parameter]], Optimizer],
-    key: str,
-    values: list[Any],
-    dtype: torch.dtype,
-) -> bool:
-    """PyTorch's step and the own update, each step given `values[k]` for `key` (a
-    Python number for PyTorch, filled into tensors for ours): the same parameters and
-    state, bit for bit."""
-    theirs, ours = _params(dtype), _params(dtype)
-    ref, opt = theirs_make(theirs), ours_make(ours)
-    update = own_update(opt)
-    assert update is not None
-    own = OwnStep(opt, update, CPU)
-    for k, value in enumerate(values):
-        _set_grads(theirs, k)
-        _set_grads(ours, k)
-        ref.param_groups[0][key] = opt.param_groups[0][key] = value
-        ref.step()
-        assert own.fill(0, value)
-        own.install()
-        try:
-            opt.step()
-        finally:
-            own.uninstall()
-    for a, b in zip(theirs, ours, strict=True):
-        if not torch.equal(a, b) or ref.state[a].keys() != opt.state[b].keys():
-            return False
-        if not all(torch.equal(ref.state[a][k], opt.state[b][k]) for k in ref.state[a]):
-            return False
-    return True
+def _set_grads(ps: list[torch.nn.Parameter]) -> None:
+    for p in ps:
+        p.grad = torch.ones_like(p)
 
 
 ADAM_VARIANTS = list(
@@ -105,7 +67,7 @@ def test_adam_update_is_the_capturable_foreach_kernel_bit_for_bit(
 
     values = [(b if cycled else 0.9, 0.99) for b in CYCLE]
     with _capturable_on_cpu():
-        assert _same_steps(make, make, "betas", values, dtype)
+        assert same_steps(make, make, "betas", values, dtype, CPU)
 
 
 SGD_VARIANTS = [
@@ -136,12 +98,12 @@ def test_sgd_update_is_the_foreach_kernel_bit_for_bit(
         return opt
 
     momenta = list(CYCLE) if values == "cycled" else [momentum] * len(CYCLE)
-    assert _same_steps(make, make_ours, "momentum", momenta, dtype)
+    assert same_steps(make, make_ours, "momentum", momenta, dtype, CPU)
 
 
 def test_an_own_step_keeps_hooks_closures_and_the_schedulers_wrapper() -> None:
-    params = _params(torch.float32)
-    opt = torch.optim.AdamW(params, lr=0.01)
+    ps = _params(torch.float32)
+    opt = torch.optim.AdamW(ps, lr=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=10)
     wrapper = opt.__dict__["step"]  # the scheduler's, which notes that step ran
     calls: list[str] = []
@@ -151,7 +113,7 @@ def test_an_own_step_keeps_hooks_closures_and_the_schedulers_wrapper() -> None:
     assert update is not None
     own = OwnStep(opt, update, CPU)
     assert own.fill(0, opt.param_groups[0]["betas"])
-    _set_grads(params, 0)
+    _set_grads(ps)
     opt._opt_called = False  # type: ignore[attr-defined]
     own.install()
     assert opt.step is not wrapper
