@@ -50,33 +50,41 @@ def test_scheduler_stepped_inside_the_step_is_refused_at_the_end_of_warmup(
     assert same(run.params(), ref.params())
 
 
-def test_python_dampening_changed_after_capture_falls_back_to_eager(make_run, batches, same) -> None:
-    def set_dampening(run):
+def _sgd_changed_at_14(make_run, batches, same, key: str, value: float, calls: int):
+    """SGD with momentum whose `key` is set to `value` at call 15 (after capture),
+    captured and eagerly with the same settings: equal bit for bit. The step, its
+    states and ddpgraph's warnings."""
+
+    def change(run):
         def before(i: int) -> None:
             if i == 14:
-                run.optimizer.param_groups[0]["dampening"] = 0.5
+                run.optimizer.param_groups[0][key] = value
 
         return before
 
-    data = batches(18)
+    data = batches(calls)
     ref = make_run(optimizer=torch.optim.SGD, graph_safe=True, momentum=0.9)
-    expected = ref.train(data, before=set_dampening(ref))
-
+    expected = ref.train(data, before=change(ref))
     run = make_run(optimizer=torch.optim.SGD, momentum=0.9)
     step = run.capture()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = run.train(data, step, before=set_dampening(run))
+        got = run.train(data, step, before=change(run))
+    assert got.losses == expected.losses
+    assert same(run.params(), ref.params())
+    assert run.optimizer.param_groups[0][key] == value  # the user's float
+    return step, got.states, _graph_warnings(caught)
 
-    assert got.states == ["warmup"] * 11 + ["captured"] * 3 + ["eager"] * 4
+
+def test_python_dampening_changed_after_capture_falls_back_to_eager(make_run, batches, same) -> None:
+    step, states, warned = _sgd_changed_at_14(make_run, batches, same, "dampening", 0.5, 18)
+    assert states == ["warmup"] * 11 + ["captured"] * 3 + ["eager"] * 4
     reason = step.reason
     assert reason is not None and reason.code is Code.LR_BAKED_INTO_GRAPH
     assert "`SGD.param_groups[0]['dampening']` changed from 0 to 0.5" in reason.happened
-    [message] = _graph_warnings(caught)
+    [message] = warned
     assert message.startswith("[LR_BAKED_INTO_GRAPH]")
     assert step.stats.replays == 3 and step.stats.eager_steps == 4
-    assert got.losses == expected.losses
-    assert same(run.params(), ref.params())
 
 
 def test_momentum_changed_after_capture_is_captured_again_with_ddpgraphs_own_update(
@@ -86,27 +94,10 @@ def test_momentum_changed_after_capture_is_captured_again_with_ddpgraphs_own_upd
     # from a tensor by ddpgraph's own update from that call on, in a new capture (one
     # probe step first), with no warning; eager training with the same settings
     # switches on the same call.
-    def set_momentum(run):
-        def before(i: int) -> None:
-            if i == 14:
-                run.optimizer.param_groups[0]["momentum"] = 0.5
-
-        return before
-
-    data = batches(20)
-    ref = make_run(optimizer=torch.optim.SGD, graph_safe=True, momentum=0.9)
-    expected = ref.train(data, before=set_momentum(ref))
-    run = make_run(optimizer=torch.optim.SGD, momentum=0.9)
-    step = run.capture()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = run.train(data, step, before=set_momentum(run))
-    assert got.states == ["warmup"] * 11 + ["captured"] * 3 + ["warmup"] + ["captured"] * 5
+    step, states, warned = _sgd_changed_at_14(make_run, batches, same, "momentum", 0.5, 20)
+    assert states == ["warmup"] * 11 + ["captured"] * 3 + ["warmup"] + ["captured"] * 5
     assert step.reason is None and step.stats.captures == 2
-    assert _graph_warnings(caught) == []
-    assert got.losses == expected.losses
-    assert same(run.params(), ref.params())
-    assert run.optimizer.param_groups[0]["momentum"] == 0.5  # the user's float
+    assert warned == []
 
 
 def test_one_cycle_momentum_stays_captured_and_equals_eager(make_run, batches, same) -> None:

@@ -112,11 +112,14 @@ def _with_list_betas(run: Any) -> Any:
     return run
 
 
-def test_a_frozen_element_of_a_list_changed_in_place_is_seen(make_run, batches, same) -> None:
+def _list_changed_at_14(make_run: Any, batches: Any, same: Any, index: int, value: float) -> tuple[Any, Any]:
+    """Train with list betas whose element `index` is set to `value` in place at call
+    15 (after capture), captured and eagerly with the same settings; equal bit for bit."""
+
     def change(run: Any) -> Callable[[int], None]:
         def before(i: int) -> None:
             if i == 14:
-                run.optimizer.param_groups[0]["betas"][1] = 0.5
+                run.optimizer.param_groups[0]["betas"][index] = value
 
         return before
 
@@ -126,31 +129,23 @@ def test_a_frozen_element_of_a_list_changed_in_place_is_seen(make_run, batches, 
     run = _with_list_betas(make_run())
     step = run.capture(backend=RecordingBackend())
     got = _quiet_train(run, data, step, change(run))
+    assert got.losses == expected.losses and same(run.params(), ref.params())
+    return got, step
+
+
+def test_a_frozen_element_of_a_list_changed_in_place_is_seen(make_run, batches, same) -> None:
+    got, step = _list_changed_at_14(make_run, batches, same, 1, 0.5)
     assert got.states == ["warmup"] * 11 + ["captured"] * 3 + ["eager"] * 4
     reason = step.reason
     assert reason is not None and reason.code is Code.LR_BAKED_INTO_GRAPH
     assert "changed from [0.9, 0.999] to [0.9, 0.5] after capture" in reason.happened
     assert "the rest of `betas` is a Python number" in reason.hint
-    assert got.losses == expected.losses and same(run.params(), ref.params())
 
 
 def test_the_live_element_of_a_list_changed_in_place_is_followed(make_run, batches, same) -> None:
-    def change(run: Any) -> Callable[[int], None]:
-        def before(i: int) -> None:
-            if i == 14:
-                run.optimizer.param_groups[0]["betas"][0] = 0.8
-
-        return before
-
-    data = batches(18)
-    ref = _with_list_betas(make_run(graph_safe=True))
-    expected = ref.train(data, before=change(ref))
-    run = _with_list_betas(make_run())
-    step = run.capture(backend=RecordingBackend())
-    got = _quiet_train(run, data, step, change(run))
+    got, step = _list_changed_at_14(make_run, batches, same, 0, 0.8)
     assert got.states == ["warmup"] * 11 + ["captured"] * 3 + ["warmup"] + ["captured"] * 3
     assert step.reason is None and step.stats.captures == 2
-    assert got.losses == expected.losses and same(run.params(), ref.params())
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
