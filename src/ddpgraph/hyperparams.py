@@ -212,7 +212,7 @@ class HyperparamMirror:
             for i, group in enumerate(groups[: len(self.slots)]):
                 value = group.get(update.key)
                 if not self.own.fill(i, value):
-                    unapplied.append(HyperparamChange(i, update.key, None, value, False))
+                    unapplied.append(HyperparamChange(i, update.key, self.own.filled(i), value, False))
         return unapplied
 
     def install(self) -> None:

@@ -31,6 +31,9 @@ _MISSING = object()
 
 
 class OwnStep:
+    """One optimizer's own update: its live tensors, filled before each call, and its
+    installation as `optimizer.step` (see the module docstring)."""
+
     def __init__(self, optimizer: Optimizer, update: OwnUpdate, device: torch.device) -> None:
         self.optimizer = optimizer
         self.update = update
@@ -63,9 +66,10 @@ class OwnStep:
         self._filled[index] = live
         return True
 
-    @property
-    def installed(self) -> bool:
-        return self._given is not _MISSING
+    def filled(self, index: int) -> Any:
+        """The live value group `index`'s tensors hold (None before the first fill)."""
+        value = self._filled[index]
+        return None if value is _MISSING else value
 
     def install(self) -> None:
         opt = self.optimizer
