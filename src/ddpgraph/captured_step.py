@@ -96,7 +96,8 @@ class CapturedStep(FamilySteps[R]):
             self._backend, self._stream, refusal = choose_backend(model, self._device, options.backend, options.stream)
             if refusal is None and self._backend is not None:
                 refusal = generators_refusal(self._generators, self._device, isinstance(self._backend, CudaGraphBackend))
-            refusal = refusal or wrapper_refusal or self._optim.refusal()
+            python_replays = self._backend is None or self._backend.executes_during_capture
+            refusal = refusal or wrapper_refusal or self._optim.refusal(python_replays=python_replays)
         except DdpGraphUsageError as err:
             usage = err.finding
         found = [f for f in (usage, refusal) if f is not None]

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # The text CUDA raises for an operation a capture cannot record (cudaErrorStreamCaptureUnsupported);
 # `diagnose.py` recognises it.
@@ -112,3 +113,20 @@ def host_read_error(what: str) -> HostReadInCapture:
         f"{CAPTURE_UNSUPPORTED}: {what} reads tensor data on the host while the step is being "
         "recorded (ddpgraph's CPU recording backend refuses what a CUDA graph capture refuses)"
     )
+
+
+class HostReadWatch(TorchDispatchMode):
+    """Notes, without refusing them, the aten operations run inside it that read tensor
+    data on the host (`reads`): what the recording backend would refuse. Used to probe a
+    CPU optimizer kernel before any step is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        what = op_host_read(func, args, kwargs)
+        if what is not None:
+            self.reads.append(what)
+        return func(*args, **kwargs)

@@ -12,7 +12,13 @@ tensor-capable hyper-parameter (`kernel_support`), and:
   fused SGD) into the param groups only while a step records or runs eagerly, so the
   eager steps compute exactly what the graph computes;
 * `frozen_changes()` reports a hyper-parameter that stays a Python number in the graph
-  and changed since capture (answered with LR_BAKED_INTO_GRAPH).
+  and changed since capture (answered with LR_BAKED_INTO_GRAPH), compared by value: a
+  list changed in place (`group["betas"][1] = 0.5`) is a change too;
+* the value a schedule cycles that the kernel reads only as a Python number (Adam's
+  `betas[0]`, SGD's `momentum`; `kernel_support`'s `own_keys`) is followed by
+  ddpgraph's own update (`own_step`) from the call on which it is first seen changing:
+  between two calls while warming up, or before a replay (a change that asks for a new
+  capture, `HyperparamChange.followable`). Until then PyTorch's kernel runs.
 
 Between calls the user's optimizer holds exactly what the user (or a scheduler) put there.
 """
@@ -27,6 +33,8 @@ import torch
 from torch.optim import Optimizer
 
 from .kernel_support import KernelSupport, hyperparameter_keys, is_number
+from .own_step import OwnStep
+from .own_updates import own_update
 
 _MISSING = object()
 # Attributes the graph-safe flags imply, set as the constructor would set them.
@@ -43,6 +51,9 @@ class HyperparamChange:
     before: Any
     after: Any
     applied: bool  # reaches the graph (a mirrored value); False: frozen in the graph
+    # A frozen value that ddpgraph's own update reads from a tensor once a new capture
+    # installs it (a schedule cycling `betas[0]` or `momentum`).
+    followable: bool = False
 
 
 class _Slot:
@@ -66,9 +77,12 @@ class _Slot:
         # One object, so that an identity check tells it from a value assigned meanwhile.
         self.packed: Any = tuple(self.tensors) if self.is_tuple else self.tensors[0]
         self.versions = [-1] * len(self.tensors)
-        # The last value filled that holds only numbers: the same object again (the usual
-        # replay, where nothing assigned the key) needs no look at all.
+        # The last value filled that holds only numbers and cannot change in place (not a
+        # list): the same object again (the usual replay, where nothing assigned the
+        # key) needs no look at all.
         self._synced: Any = _MISSING
+        # The value holds a tensor, copied on every sync: it may change in place.
+        self.has_tensor = False
         self.sync(value)
 
     def sync(self, value: Any) -> bool:
@@ -96,7 +110,9 @@ class _Slot:
                 target.fill_(v)
                 self.filled[i] = v
             self.versions[i] = target._version
-        self._synced = value if all(is_number(v) for v in values) else _MISSING
+        self.has_tensor = any(isinstance(v, torch.Tensor) for v in values)
+        immutable = not self.has_tensor and not isinstance(value, list)
+        self._synced = value if immutable else _MISSING
         return True
 
     def read_back(self, given: Any) -> Any:
@@ -124,9 +140,17 @@ def _usable(t: torch.Tensor, device: torch.device) -> bool:
 
 
 class HyperparamMirror:
-    """The graph's view of one optimizer's hyper-parameters (see the module docstring)."""
+    """The graph's view of one optimizer's hyper-parameters (see the module docstring).
+    `previous`: the mirror this one replaces (the optimizer's groups or state changed),
+    whose knowledge of a cycled value it keeps."""
 
-    def __init__(self, optimizer: Optimizer, supports: list[KernelSupport], device: torch.device) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        supports: list[KernelSupport],
+        device: torch.device,
+        previous: HyperparamMirror | None = None,
+    ) -> None:
         self.optimizer = optimizer
         self.supports = supports
         self.device = device
@@ -137,9 +161,20 @@ class HyperparamMirror:
         self._given: list[dict[str, Any]] | None = None
         self._attrs: dict[str, Any] = {}
         self._frozen: list[dict[str, Any]] | None = None
-        # Per group, the keys a replay looks at and the objects they held at the last
-        # replay that found nothing to do (None: look at everything next time).
-        self._seen: list[tuple[tuple[str, ...], tuple[Any, ...]]] | None = None
+        # Per group, the keys a replay looks at, the objects they held at the last
+        # replay that found nothing to do, and copies of the lists among them (None:
+        # look at everything next time).
+        self._seen: list[_Seen] | None = None
+        update = own_update(optimizer)
+        capable = update is not None and all(update.key in s.own_keys for s in supports)
+        self.own_update = update if capable else None
+        self.own: OwnStep | None = None
+        # Per group, the live value at the last call while warming up.
+        self._last_live: list[Any] = [_MISSING] * len(self.slots)
+        if previous is not None and len(previous._last_live) == len(self._last_live):
+            self._last_live = list(previous._last_live)
+        if previous is not None and previous.own is not None and self.own_update is not None:
+            self.schedule()
 
     @property
     def installed(self) -> bool:
@@ -148,18 +183,41 @@ class HyperparamMirror:
     def matches_groups(self) -> bool:
         return len(self.optimizer.param_groups) == len(self.slots)
 
+    def schedule(self) -> None:
+        """From now on ddpgraph's own update steps this optimizer, its cycled value read
+        from tensors (filled at the next `sync`)."""
+        assert self.own_update is not None and not self.installed
+        if self.own is None:
+            self.own = OwnStep(self.optimizer, self.own_update, self.device)
+
     def sync(self) -> list[HyperparamChange]:
         """Fill the tensors from the user's values; the changes that cannot be filled."""
         unapplied = []
-        for i, (group, slots) in enumerate(zip(self.optimizer.param_groups, self.slots, strict=False)):
+        groups = self.optimizer.param_groups
+        for i, (group, slots) in enumerate(zip(groups, self.slots, strict=False)):
             for key, slot in slots.items():
                 value = group.get(key)
                 if not slot.sync(value):
                     unapplied.append(HyperparamChange(i, key, slot.packed, value, False))
+        update = self.own_update
+        if update is None:
+            return unapplied
+        if self.own is None and self._frozen is None:
+            # Warming up: a value that changed since the last call is a schedule's.
+            lives = [update.live_value(g.get(update.key)) for g in groups]
+            if any(is_number(v) and is_number(w) and v != w for v, w in zip(lives, self._last_live, strict=False)):
+                self.schedule()
+            self._last_live = lives
+        if self.own is not None:
+            for i, group in enumerate(groups[: len(self.slots)]):
+                value = group.get(update.key)
+                if not self.own.fill(i, value):
+                    unapplied.append(HyperparamChange(i, update.key, self.own.filled(i), value, False))
         return unapplied
 
     def install(self) -> None:
-        """Put the tensors and the graph-safe flags into the param groups."""
+        """Put the tensors and the graph-safe flags into the param groups, and the own
+        update in place of `step` where a schedule cycles its value."""
         assert self._given is None, "the graph-safe mode is already installed"
         self._given = []
         for group, slots, support in zip(self.optimizer.param_groups, self.slots, self.supports, strict=True):
@@ -173,6 +231,11 @@ class HyperparamMirror:
             **(_FUSED_ATTRS if "fused" in set_flags else {}),
             **(_CAPTURABLE_ATTRS if "capturable" in set_flags else {}),
         }
+        if self.own is not None:
+            # The own update takes no `grad_scale`/`found_inf`: a GraphSafeGradScaler
+            # unscales and skips around it, as for any non-fused kernel.
+            wanted["_step_supports_amp_scaling"] = False
+            self.own.install()
         self._attrs = {k: getattr(self.optimizer, k, _MISSING) for k in wanted}
         for k, v in wanted.items():
             setattr(self.optimizer, k, v)
@@ -197,6 +260,8 @@ class HyperparamMirror:
                     delattr(self.optimizer, k)
             else:
                 setattr(self.optimizer, k, v)
+        if self.own is not None:
+            self.own.uninstall()
         self._given = None
         self._attrs = {}
 
@@ -204,7 +269,7 @@ class HyperparamMirror:
         """Remember the values the graph holds as Python numbers (at capture)."""
         self._seen = None
         self._frozen = [
-            {k: group[k] for k in self._frozen_keys(group, slots, support)}
+            {k: _kept(group[k]) for k in self._frozen_keys(group, slots, support)}
             for group, slots, support in zip(self.optimizer.param_groups, self.slots, self.supports, strict=True)
         ]
 
@@ -215,12 +280,14 @@ class HyperparamMirror:
     def before_replay(self) -> list[HyperparamChange]:
         """`sync()` then `frozen_changes()`. In the usual replay no key of any group was
         assigned since the last one: the same objects as then, seen by one identity pass
-        per group in C, and nothing else to do."""
+        per group in C (and a comparison per list among them), and nothing else to do."""
         groups = self.optimizer.param_groups
         seen = self._seen
         if seen is None or len(groups) != len(seen):
             return self._full_pass()
-        for i, (group, (keys, values)) in enumerate(zip(groups, seen, strict=True)):
+        for i, (group, (keys, values, lists)) in enumerate(zip(groups, seen, strict=True)):
+            if lists and any(group.get(k) != copy for k, copy in lists):
+                return self._full_pass()  # a list changed in place
             if not all(map(is_, map(group.get, keys), values)) and not self._follow(i, group, keys, values):
                 return self._full_pass()
         return []
@@ -241,22 +308,25 @@ class HyperparamMirror:
             if after is before:
                 continue
             slot = slots.get(key)
-            if slot is None:
-                if not _same(frozen.get(key, _MISSING), after):
+            if slot is not None:
+                if not slot.sync(after) or slot.has_tensor:
                     return False
-            elif not slot.sync(after) or slot._synced is _MISSING:
+            elif self.own is not None and key == self.own.update.key:
+                update = self.own.update
+                if update.frozen_part(frozen.get(key)) != update.frozen_part(after) or not self.own.fill(i, after):
+                    return False
+            elif not _same(frozen.get(key, _MISSING), after):
                 return False
-        self._seen[i] = (keys, now)
+        self._seen[i] = _seen_of(group, keys)
         return True
 
-    def _snapshot(self) -> list[tuple[tuple[str, ...], tuple[Any, ...]]] | None:
-        if self._frozen is None or any(s._synced is _MISSING for slots in self.slots for s in slots.values()):
+    def _snapshot(self) -> list[_Seen] | None:
+        if self._frozen is None or any(s.has_tensor for slots in self.slots for s in slots.values()):
             return None  # a tensor value is copied on every sync: it may change in place
-        snap = []
-        for group, slots, frozen in zip(self.optimizer.param_groups, self.slots, self._frozen, strict=True):
-            keys = (*slots, *frozen)
-            snap.append((keys, tuple(map(group.get, keys))))
-        return snap
+        return [
+            _seen_of(group, (*slots, *frozen))
+            for group, slots, frozen in zip(self.optimizer.param_groups, self.slots, self._frozen, strict=True)
+        ]
 
     def frozen_changes(self) -> list[HyperparamChange]:
         """Frozen hyper-parameters that differ from their value at capture."""
@@ -266,10 +336,20 @@ class HyperparamMirror:
         if len(groups) != len(self._frozen):
             return [HyperparamChange(-1, "param_groups", len(self._frozen), len(groups), False)]
         changes = []
+        update = self.own_update
         for i, (group, frozen) in enumerate(zip(groups, self._frozen, strict=True)):
             for key, before in frozen.items():
                 after = group.get(key, _MISSING)
-                if after is not before and not _same(before, after):
+                if update is not None and key == update.key:
+                    same_frozen = update.frozen_part(before) == update.frozen_part(after)
+                    if self.own is not None:
+                        if not same_frozen:
+                            changes.append(HyperparamChange(i, key, before, after, False))
+                        continue
+                    if not _same(before, after):
+                        followable = same_frozen and is_number(update.live_value(after))
+                        changes.append(HyperparamChange(i, key, before, after, False, followable))
+                elif after is not before and not _same(before, after):
                     changes.append(HyperparamChange(i, key, before, after, False))
         return changes
 
@@ -281,9 +361,27 @@ class HyperparamMirror:
         return [k for k in hyperparameter_keys(self.optimizer, group) if k not in skip]
 
 
+# Keys, the objects they held, and (key, copy) for each list among them.
+_Seen = tuple[tuple[str, ...], tuple[Any, ...], tuple[tuple[str, list[Any]], ...]]
+
+
+def _seen_of(group: dict[str, Any], keys: tuple[str, ...]) -> _Seen:
+    values = tuple(map(group.get, keys))
+    lists = tuple((k, list(v)) for k, v in zip(keys, values, strict=True) if isinstance(v, list))
+    return keys, values, lists
+
+
+def _kept(value: Any) -> Any:
+    """A value as captured: a list is copied, so that a change in place shows."""
+    return list(value) if isinstance(value, list) else value
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return False
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        # A list and a tuple of the same numbers are read alike by every kernel.
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     try:
         return bool(a == b)
     except Exception:

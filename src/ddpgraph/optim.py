@@ -30,6 +30,7 @@ from .errors import DdpGraphError
 from .findings import Code, Finding
 from .hyperparams import HyperparamChange
 from .kernel_support import capture_support, kernel_support
+from .own_updates import own_update
 
 # Keys of a param group that no optimizer update reads (the doctor ignores them too).
 NOT_HYPERPARAMETERS = frozenset({"params", "initial_lr", "param_names", "name"})
@@ -39,6 +40,7 @@ __all__ = [
     "HyperparamChange",
     "baked_finding",
     "capture_support",
+    "followed_finding",
     "graph_safe_optimizer",
     "not_capturable_finding",
     "optimizer_params_device",
@@ -53,11 +55,27 @@ def optimizer_params_device(optimizer: Optimizer) -> torch.device | None:
     return None
 
 
-def refusal(optimizer: Optimizer, device: torch.device) -> Finding | None:
-    """Why `optimizer` has no graph-safe mode on `device`, or None."""
+def refusal(optimizer: Optimizer, device: torch.device, *, python_replays: bool = True) -> Finding | None:
+    """Why `optimizer` has no graph-safe mode on `device`, or None. `python_replays=False`
+    is a backend whose replays run no Python: on CPU, the recording backend, which
+    refuses a step that reads tensor data on the host, as a CUDA capture does."""
     name = type(optimizer).__name__
     if capture_support(optimizer) is None:
         return not_capturable_finding(optimizer)
+    reads_host = device.type == "cpu" and not python_replays and any(
+        kernel_support(optimizer, g).reads_host for g in optimizer.param_groups
+    )
+    if reads_host:
+        return Finding(
+            Code.OPTIMIZER_NOT_CAPTURABLE,
+            f"on CPU, {name}'s step reads a value on the host with these options (it has "
+            "no fused CPU kernel for them), and the recording backend refuses that as a "
+            "CUDA graph capture would",
+            "on CPU use Adam, AdamW or SGD with float parameters: ddpgraph runs their fused "
+            f"CPU kernel in the step for you, whatever `fused=` says; on a GPU, {name} is "
+            "captured with its capturable kernel",
+            subject=f"`{name}`",
+        )
     if device.type == "cuda" and any(g.get("differentiable", False) for g in optimizer.param_groups):
         return Finding(
             Code.OPTIMIZER_NOT_CAPTURABLE,
@@ -80,8 +98,10 @@ def graph_safe_optimizer(optimizer: Optimizer, *, tensor_lr_on_cpu: bool = False
     `capture_step` does not need it: it leaves the optimizer as written.
 
     On CPU parameters nothing is changed, as there is no graph to capture, unless
-    `tensor_lr_on_cpu` is set: then the learning rate moves into a (CPU) tensor, which
-    is what the stand-in backend uses to behave like a CUDA graph.
+    `tensor_lr_on_cpu` is set: then the optimizer gets the mode `capture_step` runs on
+    CPU, the learning rate in a (CPU) tensor (what the stand-in backend uses to behave
+    like a CUDA graph) and, for Adam, AdamW and SGD, the fused CPU kernel (what the
+    recording backend needs: it reads nothing on the host).
     Raises `DdpGraphError` (OPTIMIZER_NOT_CAPTURABLE) for an optimizer with no graph-safe
     mode, before changing anything.
     """
@@ -143,11 +163,34 @@ def baked_finding(changes: list[HyperparamChange], optimizer: Optimizer) -> Find
             f"{change.before!r} to {change.after!r} after capture; it is a Python value, "
             "frozen into the graph"
         )
+    update = own_update(optimizer)
+    if update is not None and change.key == update.key:
+        read = f"`{change.key}[{update.element}]`" if update.element is not None else f"`{change.key}`"
+        rest = f"the rest of `{change.key}`" if update.element is not None else "whether it is zero"
+        why = f"ddpgraph's own update for {name} reads {read} from a tensor; {rest} is a Python number in the graph"
+    else:
+        why = (
+            f"this PyTorch's graph-safe {name} reads `{change.key}` only as a Python number "
+            "(ddpgraph mirrors into device tensors the hyper-parameters its kernels accept "
+            "as tensors)"
+        )
     return Finding(
         Code.LR_BAKED_INTO_GRAPH,
         happened,
-        f"this PyTorch's graph-safe {name} reads `{change.key}` only as a Python number "
-        "(ddpgraph mirrors into device tensors the hyper-parameters its kernels accept "
-        "as tensors); a schedule that changes it needs eager steps, which ddpgraph now runs",
+        f"{why}; a schedule that changes it needs eager steps, which ddpgraph now runs",
+        subject="`optimizer.param_groups`",
+    )
+
+
+def followed_finding(change: HyperparamChange, optimizer: Optimizer) -> Finding:
+    """A cycled value the graph holds as a Python number, which ddpgraph's own update
+    reads from a tensor in a new capture."""
+    name = type(optimizer).__name__
+    return Finding(
+        Code.LR_BAKED_INTO_GRAPH,
+        f"`{name}.param_groups[{change.group}]['{change.key}']` changed from {change.before!r} "
+        f"to {change.after!r} after capture, and the graph holds it as a Python number",
+        f"nothing to do: ddpgraph's own {name} update reads it from a tensor, so the step is "
+        "captured again with that update and follows the schedule from there",
         subject="`optimizer.param_groups`",
     )

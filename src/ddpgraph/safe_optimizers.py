@@ -9,7 +9,7 @@ after `close()`:
     with safe.installed():            # every eager call of the step, and the recording
         ...
     safe.captured()                   # after a successful capture
-    baked = safe.before_replay()      # fill changed values; a Finding if one cannot be
+    change = safe.before_replay()     # fill changed values; a ReplayChange if one cannot be
     safe.after_load(optimizer)        # False: structure changed, capture again
     safe.released()                   # the graph was dropped
     safe.close()                      # the optimizers as given
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from torch.optim import Optimizer
 from .findings import Finding
 from .hyperparams import HyperparamMirror
 from .kernel_support import kernel_support
-from .optim import baked_finding, refusal
+from .optim import baked_finding, followed_finding, refusal
 from .optim_state import (
     StateRefs,
     copy_into_captured,
@@ -40,6 +41,16 @@ from .optim_state import (
     scalars_to_host,
     state_refs,
 )
+
+
+@dataclass(frozen=True)
+class ReplayChange:
+    """A change before a replay that the graph cannot follow."""
+
+    finding: Finding
+    # ddpgraph's own update follows it in a new capture (a cycled `betas[0]` or
+    # `momentum`); False: eager steps.
+    recapture: bool = False
 
 
 class GraphSafeOptimizers:
@@ -51,9 +62,12 @@ class GraphSafeOptimizers:
         self._pending: Finding | None = None
         self._hooks: list[Any] = []
 
-    def refusal(self) -> Finding | None:
-        """Why one of them has no graph-safe mode here, found without changing any."""
-        return next((f for f in (refusal(opt, self.device) for opt in self.optimizers) if f), None)
+    def refusal(self, *, python_replays: bool = True) -> Finding | None:
+        """Why one of them has no graph-safe mode here, found without changing any.
+        `python_replays=False`: a backend whose replays run no Python (the recording
+        backend on CPU), which refuses a step that reads the host."""
+        found = (refusal(opt, self.device, python_replays=python_replays) for opt in self.optimizers)
+        return next((f for f in found if f), None)
 
     def prepare(self) -> Finding | None:
         """Check every optimizer, then mirror it; a refusal changes nothing."""
@@ -67,9 +81,9 @@ class GraphSafeOptimizers:
             self._hooks.append(opt.register_state_dict_post_hook(self._plain_state_dict))
         return None
 
-    def _mirror(self, opt: Optimizer) -> HyperparamMirror:
+    def _mirror(self, opt: Optimizer, previous: HyperparamMirror | None = None) -> HyperparamMirror:
         supports = [kernel_support(opt, group) for group in opt.param_groups]
-        return HyperparamMirror(opt, supports, self.device)
+        return HyperparamMirror(opt, supports, self.device, previous)
 
     def _index(self, optimizer: Optimizer) -> int:
         return next(i for i, o in enumerate(self.optimizers) if o is optimizer)
@@ -100,7 +114,7 @@ class GraphSafeOptimizers:
                 changes = mirror.frozen_changes()
                 if changes and self._pending is None:
                     self._pending = baked_finding(changes, mirror.optimizer)
-                mirror = self.mirrors[i] = self._mirror(mirror.optimizer)
+                mirror = self.mirrors[i] = self._mirror(mirror.optimizer, mirror)
             if self._captured is None and self.device.type == "cuda":
                 # A checkpoint loaded since (plain: steps on the CPU) or state made by
                 # the user's own eager steps; a captured graph keeps its own tensors.
@@ -124,16 +138,23 @@ class GraphSafeOptimizers:
         for mirror in self.mirrors:
             mirror.thaw()
 
-    def before_replay(self) -> Finding | None:
+    def before_replay(self) -> ReplayChange | None:
         """Fill every changed mirrored value (no host sync). A change a replay cannot
-        follow (a frozen value, another form, other param groups) is the finding."""
+        follow (a frozen value, another form, other param groups) is the answer; where
+        it is a cycled value ddpgraph's own update can read from a tensor, that update
+        runs from this call on, and the answer asks for a new capture."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            return pending
+            return ReplayChange(pending)
         for mirror in self.mirrors:
             changes = mirror.before_replay()
-            if changes:
-                return baked_finding(changes, mirror.optimizer)
+            if not changes:
+                continue
+            frozen = [c for c in changes if not c.applied]
+            if frozen and all(c.followable for c in frozen):
+                mirror.schedule()
+                return ReplayChange(followed_finding(frozen[0], mirror.optimizer), recapture=True)
+            return ReplayChange(baked_finding(changes, mirror.optimizer))
         return None
 
     def after_load(self, optimizer: Optimizer) -> bool:
@@ -150,7 +171,7 @@ class GraphSafeOptimizers:
                 return True
         if self.device.type == "cuda":
             scalars_to_device(optimizer)
-        self.mirrors[i] = self._mirror(optimizer)
+        self.mirrors[i] = self._mirror(optimizer, mirror)
         return self._captured is None
 
     def close(self) -> None:

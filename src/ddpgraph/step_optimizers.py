@@ -9,7 +9,8 @@ replay what the graph cannot follow, copy a loaded checkpoint in, give them back
 
 Reported (before the next replay, as a `Report` the ranks agree on): a hyper-parameter
 the graph holds as a Python number changed (LR_BAKED_INTO_GRAPH, eager steps; the
-mirrored ones are filled into the graph's tensors instead), a param group added or
+mirrored ones are filled into the graph's tensors instead; a cycled `betas[0]` or
+`momentum` that ddpgraph's own update can follow: captured again), a param group added or
 removed (captured again), `optimizer.state` replaced or entries added or removed, and a
 `load_state_dict` whose state cannot be copied into the captured tensors
 (OPTIMIZER_STATE_REPLACED, captured again). Not seen: a single state tensor replaced by
@@ -49,9 +50,10 @@ class StepOptimizers:
         self._prepared = False
         self.records: list[OptimizerRecord] = []
 
-    def refusal(self) -> Finding | None:
-        """Why one of them has no graph-safe mode, found without changing any."""
-        return self._safe.refusal()
+    def refusal(self, *, python_replays: bool = True) -> Finding | None:
+        """Why one of them has no graph-safe mode, found without changing any
+        (`python_replays=False`: under a backend whose replays run no Python)."""
+        return self._safe.refusal(python_replays=python_replays)
 
     def prepare(self) -> Finding | None:
         """Mirror the hyper-parameters (the optimizers themselves stay as written). Again
@@ -93,11 +95,11 @@ class StepOptimizers:
         for opt, rec in zip(self.optimizers, self.records, strict=True):
             if opt.state is not rec.container or len(opt.state) != rec.entries:
                 return _replaced(opt, "its `state` was replaced or entries were added or removed by hand")
-        baked = self._safe.before_replay()
-        if baked is None:
+        change = self._safe.before_replay()
+        if change is None:
             return None
         regrouped = any(len(o.param_groups) != r.groups for o, r in zip(self.optimizers, self.records, strict=True))
-        return Report(baked, Action.RECAPTURE if regrouped else Action.EAGER)
+        return Report(change.finding, Action.RECAPTURE if regrouped or change.recapture else Action.EAGER)
 
     def after_load(self, optimizer: Optimizer) -> Report | None:
         """Called by the load hook while captured: copy the loaded values into the
@@ -127,10 +129,14 @@ def _replaced(optimizer: Optimizer, why: str) -> Report:
 
 
 def _hyperparameter_values(optimizer: Optimizer) -> list[dict[str, Any]]:
-    return [
-        {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in g.items() if k != "params"}
-        for g in optimizer.param_groups
-    ]
+    return [{k: _copy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def _copy(value: Any) -> Any:
+    # A list is copied too: the step may change it in place (`group["betas"][0] = b`).
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    return list(value) if isinstance(value, list) else value
 
 
 def _hyperparameter_changes(optimizers: Sequence[Optimizer], before: list[list[dict[str, Any]]]) -> list[Finding]:

@@ -24,8 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
-from ddpgraph import Code, GraphSafeOptimizers, StepState
-from ddpgraph.kernel_support import kernel_support
+from ddpgraph import GraphSafeOptimizers, StepState
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda", 0)
@@ -129,24 +128,6 @@ def test_checkpoint_from_anywhere_continues_captured_and_equals_eager(kind: str)
     expected_captures = 2 if kind == "other_structure" else 1
     assert step.stats.captures == expected_captures and run.states[-1] == "captured", run.states
     assert _same(ref, run)
-    step.close()
-
-
-def test_one_cycle_momentum_keeps_the_graph_where_adamw_takes_tensor_betas() -> None:
-    def one_cycle(opt: torch.optim.Optimizer) -> Any:
-        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=STEPS + 1)
-
-    ref, run = Loop(_adamw, one_cycle), Loop(_adamw, one_cycle)
-    support = kernel_support(run.opt, run.opt.param_groups[0])
-    print(f"capturable AdamW reads from tensors: {support.tensor_keys}")
-    ref.train(_data(), captured=False)
-    step = run.train(_data(), captured=True)
-    if "betas" in support.tensor_keys:
-        assert run.states[3:] == ["captured"] * (STEPS - 3), (run.states, step.reason)
-        assert _same(ref, run)
-        assert all(type(b) is float for b in run.opt.param_groups[0]["betas"])
-    else:  # this PyTorch's kernel reads betas as numbers only: answered as before
-        assert step.reason is not None and step.reason.code is Code.LR_BAKED_INTO_GRAPH
     step.close()
 
 

@@ -22,10 +22,11 @@ def _mirror(opt: Optimizer, keys: tuple[str, ...] = ("lr",), flags: tuple[tuple[
     return HyperparamMirror(opt, [KernelSupport(flags, keys, ())] * len(opt.param_groups), CPU)
 
 
-def test_cpu_support_mirrors_the_learning_rate_only() -> None:
+def test_cpu_support_is_the_fused_kernel_with_the_learning_rate_in_a_tensor() -> None:
     opt = torch.optim.AdamW(_params(), lr=0.1)
     support = kernel_support(opt, opt.param_groups[0])
-    assert support == KernelSupport((), ("lr",), ())
+    fused = (("fused", True), ("foreach", False))
+    assert support == KernelSupport(fused, ("lr",), (), own_keys=("betas",), reads_host=False)
 
 
 def test_a_value_is_filled_only_when_it_changed() -> None:

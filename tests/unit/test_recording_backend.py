@@ -189,15 +189,19 @@ def test_a_scalar_assigned_through_a_mask_records_as_cuda_records_it() -> None:
 
 
 def test_a_cpu_optimizer_that_reads_its_step_count_is_not_capturable(make_run, batches) -> None:
-    # Foreach AdamW on CPU reads the step count with `.item()` (it has no capturable
-    # CPU kernel): a replay would repeat one bias correction, so the capture is refused.
-    run = make_run(ddp=False)
-    step = run.capture(backend=RecordingBackend())
+    # RMSprop on CPU reads the step count with `.item()` (no capturable or fused CPU
+    # kernel): a replay would repeat one step size, so the step is refused before any
+    # call, with what works on CPU (Adam, AdamW and SGD run their fused kernels).
+    run = make_run(ddp=False, optimizer=torch.optim.RMSprop)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        run.train(batches(5), step)
-    assert step.state is StepState.EAGER
-    assert step.reason is not None and step.reason.code is Code.OPTIMIZER_NOT_CAPTURABLE, step.reason
+        step = run.capture(backend=RecordingBackend())
+        got = run.train(batches(5), step)
+    assert got.states == ["eager"] * 5
+    reason = step.reason
+    assert reason is not None and reason.code is Code.OPTIMIZER_NOT_CAPTURABLE, reason
+    assert "on CPU, RMSprop's step reads a value on the host" in reason.happened
+    assert "Adam, AdamW or SGD" in reason.hint
 
 
 def test_recording_computes_nothing_and_created_tensors_wait_for_the_first_replay() -> None:
