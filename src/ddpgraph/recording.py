@@ -51,6 +51,7 @@ from .host_reads import (
     op_host_read,
     tensors_in,
 )
+from .recording_rng import recorded_rng_state
 from .rng import keep_states
 
 # Operations that only allocate: their output's values are undefined, so a replay has
@@ -310,7 +311,7 @@ class RecordingBackend(InjectedFailures):
         put_back_generators = keep_states(generators)
         self.capturing = True
         try:
-            with _HostReadGuard(), recorder:
+            with _HostReadGuard(), recorder, recorded_rng_state(recorder.ops):
                 outputs = fn()
         except BaseException as exc:
             recorder.undo(poison=False)
