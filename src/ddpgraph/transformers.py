@@ -2,5 +2,6 @@
 (`pip install ddpgraph[transformers]`)."""
 
 from .integrations.transformers import CUDAGraphTrainer, TrainerGraphs, trainer_refusal
+from .integrations.transformers_reference import GraphSafeReference
 
-__all__ = ["CUDAGraphTrainer", "TrainerGraphs", "trainer_refusal"]
+__all__ = ["CUDAGraphTrainer", "GraphSafeReference", "TrainerGraphs", "trainer_refusal"]

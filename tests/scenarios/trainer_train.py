@@ -5,7 +5,7 @@ clipping, logging every `logging_steps`, evaluation and checkpoints. On gloo CPU
 processes (`use_cpu=True`) with the recording backend (tests/dist/test_trainer_gloo.py),
 or one process per GPU with CUDA graphs (tests/gpu/test_trainer_gpu.py).
 
-The reference Trainer runs its optimizer in ddpgraph's graph-safe mode (`GraphSafe`), as
+The reference Trainer runs its optimizer in ddpgraph's graph-safe mode (`GraphSafeReference`), as
 the captured Trainer's eager steps do, so both do the same arithmetic and must agree bit
 for bit. Trainer joins the process group the harness opened (torchrun's variables).
 """
@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from ddpgraph.distributed import DistInfo
-from ddpgraph.transformers import CUDAGraphTrainer
+from ddpgraph.transformers import CUDAGraphTrainer, GraphSafeReference
 
 VOCAB, SEQ, BATCH, STEPS = 64, 16, 4, 24
 
@@ -57,25 +57,6 @@ def gpt2(**config: Any) -> GPT2LMHeadModel:
     cfg = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2,
                      attn_implementation=config.pop("attn_implementation", "eager"), **config)
     return GPT2LMHeadModel(cfg)
-
-
-class GraphSafe(TrainerCallback):
-    """The reference's optimizer stepped as the captured Trainer's eager steps step it:
-    in ddpgraph's graph-safe mode (`GraphSafeOptimizers.installed`)."""
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
-        from ddpgraph.safe_optimizers import GraphSafeOptimizers
-
-        inner = optimizer.optimizer
-        safe = GraphSafeOptimizers([inner], args.device)
-        assert safe.prepare() is None
-        plain_step = inner.step
-
-        def step(*a: Any, **kw: Any) -> Any:
-            with safe.installed():
-                return plain_step(*a, **kw)
-
-        inner.step = step
 
 
 class Record(TrainerCallback):
@@ -135,7 +116,7 @@ def train(info: DistInfo, *, graphs: bool, steps: int = STEPS, model_kw: dict[st
         trainer: Trainer = CUDAGraphTrainer(backend=backend, **common)
     else:
         if graph_safe:
-            callbacks.append(GraphSafe())
+            callbacks.append(GraphSafeReference())
         trainer = Trainer(**common)
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)

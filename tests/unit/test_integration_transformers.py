@@ -22,7 +22,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 import ddpgraph
 from ddpgraph import Code
 from ddpgraph.integrations import transformers_setup
-from ddpgraph.transformers import CUDAGraphTrainer, trainer_refusal
+from ddpgraph.transformers import CUDAGraphTrainer, GraphSafeReference, trainer_refusal
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 STEPS = 10
@@ -146,7 +146,7 @@ def _train(tmp_path: Path, graphs: bool, **kw: Any) -> tuple[Trainer, Any]:
     if graphs:
         trainer = CUDAGraphTrainer(backend=ddpgraph.RecordingBackend(), **common)
     else:
-        trainer = Trainer(callbacks=[s.GraphSafe()], **common)
+        trainer = Trainer(callbacks=[GraphSafeReference()], **common)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.train()
