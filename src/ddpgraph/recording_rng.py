@@ -14,8 +14,9 @@ step set it, as the eager step does.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -61,13 +62,9 @@ def recorded_rng_state(ops: list[Any]) -> Iterator[None]:
         _apply(new_state)
         ops.append(StateOp(_apply, new_state))
 
-    replaced = [(m, n, getattr(m, n)) for m, n in (*_READS, *_SETS)]
-    for module, name in _READS:
-        setattr(module, name, read)
-    for module, name in _SETS:
-        setattr(module, name, set_state)
-    try:
+    with ExitStack() as stack:
+        for module, name in _READS:
+            stack.enter_context(mock.patch.object(module, name, read))
+        for module, name in _SETS:
+            stack.enter_context(mock.patch.object(module, name, set_state))
         yield
-    finally:
-        for module, name, value in replaced:
-            setattr(module, name, value)
