@@ -60,7 +60,7 @@ declare -A LIMIT=(
   [tests-docs]=540 [tests-docs-commands]=540 [tests]=1800 [demo]=300 [bench]=540
   [tests-rank-safety]=300 [tests-adopt]=300 [tests-lightning]=300 [tests-accelerate]=300
   [tests-presets]=300 [tests-watchdog]=400 [tests-family]=300 [tests-optim]=300
-  [tests-bench-varlen]=400 [tests-trainer]=300 [tests-families]=300
+  [tests-bench-varlen]=400 [tests-trainer]=420 [tests-families]=420
 )
 
 for stage in $STAGES; do

@@ -62,6 +62,12 @@ def test_a_host_read_in_the_library_is_refused_with_its_line_on_every_rank(resul
         assert r["same_losses"] and r["param_rel_diff"] == 0.0
 
 
+def test_the_per_expert_loop_names_transformers_fixed_shape_routing_as_the_fix(results: Results) -> None:
+    for r in ok(results["moe_eager_experts"]):
+        assert 'HINT: `MixtralExperts` routes tokens with `experts_implementation="eager"`' in r["reason"]
+        assert 'experts_implementation="grouped_mm"' in r["reason"]
+
+
 def test_sync_batch_norm_shares_statistics_inside_the_graph(results: Results) -> None:
     for r in ok(results["syncbn"]):
         assert "c10d.allgather_.default" in r["collectives"]  # the statistics, in forward

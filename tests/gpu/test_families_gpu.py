@@ -34,7 +34,7 @@ Results = dict[str, list[dict[str, Any]]]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("gpu_families")
-    return run_scenarios("families.py", NAMES, Path(out), nproc=gpu_world(), timeout=540)
+    return run_scenarios("families.py", NAMES, Path(out), nproc=gpu_world(), timeout=400)
 
 
 def _report(name: str, r: dict[str, Any]) -> None:

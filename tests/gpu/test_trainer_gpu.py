@@ -30,7 +30,7 @@ Results = dict[str, list[dict[str, Any]]]
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("gpu_trainer")
     names = scenarios_for_world(NAMES, {"one_rank_callback"})
-    return run_scenarios("trainer_train.py", names, Path(out), nproc=gpu_world(), timeout=540)
+    return run_scenarios("trainer_train.py", names, Path(out), nproc=gpu_world(), timeout=400)
 
 
 def _captured(r: dict[str, Any]) -> None:
