@@ -31,7 +31,7 @@ Results = dict[str, list[dict[str, Any]]]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("trainer")
-    names = [f"recording:{n}" for n in [*CAPTURED, *REFUSED, "checkpoint_resume"]]
+    names = [f"recording:{n}" for n in [*CAPTURED, *REFUSED, "checkpoint_resume", "resume_same_trainer"]]
     found = run_scenarios("trainer_train.py", names, out, nproc=2, timeout=900)
     return {name.split(":", 1)[1]: ranks for name, ranks in found.items()}
 
@@ -88,6 +88,13 @@ def test_a_checkpoint_saved_from_the_graph_resumes_and_captures_again(results: R
         assert r["state"] == "captured" and r["stats"]["captures"] == 1, r
         assert r["steps"] == 32 and r["stats"]["replays"] == 18 - r["stats"]["warmup_steps"]
         assert r["same_resumed_losses"] and r["param_rel_diff"] == 0.0
+
+
+def test_the_same_trainer_resumes_from_its_checkpoint_and_captures_again(results: Results) -> None:
+    # Its DDP is the one the first `train()` warmed up: one eager update, then the capture.
+    for r in ok(results["resume_same_trainer"]):
+        assert r["state"] == "captured" and r["stats"]["captures"] == 1 and r["stats"]["eager_steps"] == 0, r
+        assert r["same_losses"] and r["param_rel_diff"] == 0.0 and r["restored"]
 
 
 def test_four_ranks_capture_together_and_refuse_together(four_ranks: Results) -> None:

@@ -19,7 +19,7 @@ from launcher import gpu_world, ok, run_scenarios, scenarios_for_world
 
 pytestmark = pytest.mark.gpu
 CAPTURED = ["cosine", "linear_bf16", "evaluate", "no_clipping", "dropout"]
-NAMES = [*CAPTURED, "compiled", "accumulate", "checkpoint_resume", "one_rank_callback"]
+NAMES = [*CAPTURED, "compiled", "accumulate", "checkpoint_resume", "resume_same_trainer", "one_rank_callback"]
 # Inductor's kernels are the same in both runs; what is left is the order of
 # floating-point reductions across the graph's boundary (the presets' bound).
 COMPILED_TOL = 1e-3
@@ -68,6 +68,12 @@ def test_a_checkpoint_saved_from_the_graph_resumes_and_captures_again(results: R
         assert "checkpoint-14" in r["saved_dirs"] and r["same_checkpoint"], r
         assert r["state"] == "captured" and r["stats"]["captures"] == 1, r
         assert r["same_resumed_losses"] and r["param_rel_diff"] == 0.0
+
+
+def test_the_same_trainer_resumes_from_its_checkpoint_and_captures_again(results: Results) -> None:
+    for r in ok(results["resume_same_trainer"]):
+        assert r["state"] == "captured" and r["stats"]["captures"] == 1, r
+        assert r["same_losses"] and r["param_rel_diff"] == 0.0
 
 
 @pytest.mark.two_ranks

@@ -92,7 +92,8 @@ class CountGrads(TrainerCallback):
 
 def train(info: DistInfo, *, graphs: bool, steps: int = STEPS, model_kw: dict[str, Any] | None = None,
           output: str | None = None, resume: str | None = None, graph_safe: bool = True,
-          extra_callback_on: int | None = None, **args_kw: Any) -> dict[str, Any]:
+          extra_callback_on: int | None = None, resume_again: str | None = None,
+          **args_kw: Any) -> dict[str, Any]:
     on_cpu = info.device.type == "cpu"
     kw: dict[str, Any] = {
         "output_dir": output or _root("scratch"), "use_cpu": on_cpu, "per_device_train_batch_size": BATCH,
@@ -120,6 +121,8 @@ def train(info: DistInfo, *, graphs: bool, steps: int = STEPS, model_kw: dict[st
         trainer = Trainer(**common)
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
+    if resume_again is not None:  # the same Trainer trains again from its own checkpoint
+        trainer.train(resume_from_checkpoint=resume_again)
     seconds = time.perf_counter() - start
     logs = trainer.state.log_history
     out: dict[str, Any] = {
@@ -193,6 +196,24 @@ def checkpoint_resume(info: DistInfo) -> dict[str, Any]:
     }
 
 
+def resume_same_trainer(info: DistInfo) -> dict[str, Any]:
+    """One Trainer trains with `save_steps`, then trains again from its middle checkpoint
+    (`train(resume_from_checkpoint=...)` on the same object, its model and DDP reused):
+    the second `train()` captures again and ends where plain Trainer's does."""
+    out: dict[str, Any] = {}
+    for graphs in (False, True):
+        root = _root(f"again{int(graphs)}")
+        shutil.rmtree(root, ignore_errors=True)
+        out[str(graphs)] = train(info, graphs=graphs, steps=32, output=root, save_strategy="steps", save_steps=14,
+                                 resume_again=os.path.join(root, "checkpoint-14"))
+    plain, graphed = out["False"], out["True"]
+    return {
+        **{k: graphed[k] for k in ("state", "code", "reason", "stats", "restored")},
+        "same_losses": plain["losses"] == graphed["losses"],
+        "param_rel_diff": harness.rel_diff(plain["params"], graphed["params"]),
+    }
+
+
 REGISTRY: dict[str, harness.Scenario] = {
     "cosine": lambda info: compare(info),
     "linear_bf16": lambda info: compare(info, lr_scheduler_type="linear", bf16=True),
@@ -205,6 +226,7 @@ REGISTRY: dict[str, harness.Scenario] = {
     "dropout": lambda info: compare(info, model_kw={"resid_pdrop": 0.1, "embd_pdrop": 0.1}),
     "accumulate": lambda info: compare(info, refused=True, gradient_accumulation_steps=2, max_steps=12),
     "checkpoint_resume": checkpoint_resume,
+    "resume_same_trainer": resume_same_trainer,
 }
 
 if __name__ == "__main__":

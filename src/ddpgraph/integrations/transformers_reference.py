@@ -30,6 +30,8 @@ class GraphSafeReference(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
         inner = getattr(optimizer, "optimizer", optimizer)
+        if getattr(inner.step, "_graph_safe_reference", False):
+            return  # a later `train()` of the same Trainer: its optimizer is wrapped already
         safe = GraphSafeOptimizers([inner], args.device)
         refusal = safe.prepare()
         if refusal is not None:
@@ -40,4 +42,5 @@ class GraphSafeReference(TrainerCallback):
             with safe.installed():
                 return plain_step(*a, **kw)
 
+        step._graph_safe_reference = True  # type: ignore[attr-defined]
         inner.step = step
