@@ -47,7 +47,7 @@ from ..ddp import model_device, process_group_of
 from ..distributed import current_rank
 from ..fallback import OnFailure, fall_back
 from ..options import CaptureOptions
-from ..strategies.base import Reason
+from ..strategies.base import Reason, TrainStep
 from ..strategies.dynamo import is_compiled_module, unwrap_compiled
 from .transformers_setup import SUBJECT, trainer_refusal
 
@@ -67,7 +67,7 @@ class TrainerGraphs:
         self._backend = backend
         self.reason: Reason | None = None
         self.stats: dict[str, Any] = {}
-        self._step: CapturedStep[Any] | Any = None
+        self._step: CapturedStep[Any] | TrainStep[Any] | None = None
         self._decided = False
         self._last_state: str | None = None
         self._optimizer: Any = None  # Trainer's optimizer wrapper, whose `step` is answered here
