@@ -26,6 +26,11 @@
 #                    scripts/feed_ratio.py: each row's DataLoader/device ms ratio, target
 #                    1.05 (6-8 min, its own limit of 540 s; $OUT/feeds-ratio.md)
 #   integrations     scripts/probes/integrations_speed.py, torchrun 1  (1-2 min)
+#   trainer          scripts/probes/trainer_bench.py, torchrun 1: plain transformers.Trainer,
+#                    the graph-safe reference and CUDAGraphTrainer on hf-gpt2 and hf-llama,
+#                    ms/step and parity (2-3 min; trainer.json and the table in trainer.log)
+#   families         ddpgraph bench on hf-bert, hf-moe-bf16, tv-syncbn, hf-gpt2-ckpt at batch
+#                    8: eager, reduce-overhead, whole (3-4 min; families.json)
 #   watchdog         scripts/bench_watchdog.py --cuda                  (< 1 min)
 #   overhead         scripts/replay_overhead.py (host time per replay, CPU; with
 #                    OLD_SRC=<dir> also the same script on that source, side by side)
@@ -68,6 +73,11 @@ for stage in "$@"; do
         --strategies "$STRATS" --steps 30 --warmup 15 --profile-steps 0 --json "$OUT/feeds-presets.json"
       python3 scripts/feed_ratio.py "$OUT/feeds-presets.json" | tee "$OUT/feeds-ratio.md" ;;
     integrations) run integrations torchrun --standalone --nproc_per_node=1 scripts/probes/integrations_speed.py ;;
+    trainer) run trainer torchrun --standalone --nproc_per_node=1 scripts/probes/trainer_bench.py \
+        --json "$OUT/trainer.json" ;;
+    families) run families ddpgraph bench --model hf-bert,hf-moe-bf16,tv-syncbn,hf-gpt2-ckpt --batch-sizes 8 \
+        --strategies eager,reduce-overhead,whole --steps 30 --warmup 15 --profile-steps 0 --no-data-loader \
+        --json "$OUT/families.json" ;;
     watchdog) run watchdog python3 scripts/bench_watchdog.py --cuda ;;
     overhead)
       run overhead python3 scripts/replay_overhead.py --calls 500 --rounds 40

@@ -38,7 +38,7 @@ __version__ = "0.1.0"
 # `ddpgraph.accumulate` is the function; its module moved to `ddpgraph.training.accumulate`.
 alias_shadowed("ddpgraph.accumulate", "ddpgraph.training.accumulate")
 # Integrations import their framework (an optional dependency) only when first used.
-_LAZY_SUBMODULES = ("lightning", "accelerate")
+_LAZY_SUBMODULES = ("lightning", "accelerate", "transformers")
 
 
 def __getattr__(name: str) -> object:

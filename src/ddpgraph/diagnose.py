@@ -106,7 +106,7 @@ def _from_error(error: BaseException) -> _CauseCandidate:
         if by_stack is not None and by_stack.code is not Code.HOST_SYNC_IN_CAPTURE:
             return _CauseCandidate(by_stack, True)
         # CUDA raises this for any operation it cannot record, not only host waits.
-        return _CauseCandidate(host_sync_finding(stack), False)
+        return _CauseCandidate(host_sync_finding(stack, getattr(error, "setting", None)), False)
     if any(marker in text for marker in _CAPTURE_INVALIDATED):
         return _CauseCandidate(
             Finding(Code.CAPTURE_FAILED, f"CUDA invalidated the capture: {head}", location=where),

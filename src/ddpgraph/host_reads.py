@@ -17,11 +17,14 @@ methods by a `TorchFunctionMode`.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .library_settings import known_setting
 
 # The text CUDA raises for an operation a capture cannot record (cudaErrorStreamCaptureUnsupported);
 # `diagnose.py` recognises it.
@@ -61,7 +64,13 @@ _HOST_READ_METHODS = {
 
 
 class HostReadInCapture(RuntimeError):
-    """Raised while recording by an operation that reads tensor data on the host."""
+    """Raised while recording by an operation that reads tensor data on the host;
+    `setting` is the fix a known setting of the library that read offers, if any
+    (`library_settings`, from the modules running at the read, as the GPU probe finds it)."""
+
+    def __init__(self, message: str, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 def tensors_in(values: Iterable[Any]) -> Iterable[torch.Tensor]:
@@ -111,7 +120,8 @@ def method_host_read(func: Any) -> str | None:
 def host_read_error(what: str) -> HostReadInCapture:
     return HostReadInCapture(
         f"{CAPTURE_UNSUPPORTED}: {what} reads tensor data on the host while the step is being "
-        "recorded (ddpgraph's CPU recording backend refuses what a CUDA graph capture refuses)"
+        "recorded (ddpgraph's CPU recording backend refuses what a CUDA graph capture refuses)",
+        known_setting(sys._getframe(1)),
     )
 
 

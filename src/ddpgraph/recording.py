@@ -51,6 +51,7 @@ from .host_reads import (
     op_host_read,
     tensors_in,
 )
+from .recording_rng import recorded_rng_state
 from .rng import keep_states
 
 # Operations that only allocate: their output's values are undefined, so a replay has
@@ -61,9 +62,11 @@ _ALLOCATIONS = frozenset(
 # Collectives, recorded without being run; a replay runs them.
 _COLLECTIVES = "c10d"
 _NOT_RECORDED = frozenset({"profiler"})
-# Operations that update running statistics in place without saying so in their schema.
+# Operations that update running statistics in place without saying so in their schema
+# (the last two are SyncBatchNorm's, which updates them from every rank's statistics).
 _UNDECLARED_WRITES = frozenset(
-    {"aten::native_batch_norm", "aten::_batch_norm_impl_index", "aten::miopen_batch_norm", "aten::cudnn_batch_norm"}
+    {"aten::native_batch_norm", "aten::_batch_norm_impl_index", "aten::miopen_batch_norm", "aten::cudnn_batch_norm",
+     "aten::batch_norm_gather_stats_with_counts", "aten::batch_norm_gather_stats"}
 )
 _ENGINE = (os.path.join("torch", "autograd", "graph.py"), "_engine_run_backward")
 # Where torch hands an operation to a mode.
@@ -310,7 +313,7 @@ class RecordingBackend(InjectedFailures):
         put_back_generators = keep_states(generators)
         self.capturing = True
         try:
-            with _HostReadGuard(), recorder:
+            with _HostReadGuard(), recorder, recorded_rng_state(recorder.ops):
                 outputs = fn()
         except BaseException as exc:
             recorder.undo(poison=False)

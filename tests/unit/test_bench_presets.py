@@ -40,6 +40,11 @@ def test_every_preset_names_its_package() -> None:
         "hf-llama": "transformers",
         "timm-vit": "timm",
         "tv-resnet50": "torchvision",
+        "hf-bert": "transformers",
+        "hf-moe": "transformers",
+        "hf-moe-bf16": "transformers",
+        "tv-syncbn": "torchvision",
+        "hf-gpt2-ckpt": "transformers",
     }
 
 
@@ -69,8 +74,8 @@ def test_the_command_exits_2_before_any_worker_when_the_package_is_missing(
 
 def test_an_unknown_name_lists_the_presets() -> None:
     with pytest.raises(DdpGraphUsageError) as info:
-        resolve_model("hf-bert")
-    assert "hf-gpt2, hf-llama, timm-vit, tv-resnet50" in str(info.value)
+        resolve_model("hf-t5")
+    assert "hf-gpt2, hf-llama, timm-vit, tv-resnet50, hf-bert" in str(info.value)
 
 
 def test_transformers_presets_resolve_at_their_published_sizes() -> None:
@@ -108,3 +113,20 @@ def test_transformers_models_build_and_train_a_step_on_cpu(
     loss.backward()
     assert loss.ndim == 0 and torch.isfinite(loss)
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_the_families_resolve_with_their_batches() -> None:
+    # Built on the GPU (tests/gpu/test_families_gpu.py) and small on CPU processes
+    # (tests/dist/test_families_gloo.py); here the names, units and batches.
+    pytest.importorskip("transformers")
+    from ddpgraph.bench.family_presets import MASK_ID, PAD_ID
+
+    bert = resolve_model("hf-bert").workload
+    x, y = bert.make_batch(4, torch.Generator().manual_seed(0), CPU)
+    assert (bert.name, bert.per_sample, x.shape) == ("hf-bert", 128, (4, 128))
+    padded, masked = x == PAD_ID, y != -100
+    assert padded.any() and not padded[:, 0].any()  # every sequence has words, some are padded
+    assert bool((x[masked] == MASK_ID).all()) and not masked[padded].any()  # labels only where a word was hidden
+    for name in ("hf-moe", "hf-moe-bf16", "hf-gpt2-ckpt"):
+        workload = resolve_model(name).workload
+        assert (workload.name, workload.unit, workload.per_sample) == (name, "tokens", 256)

@@ -43,6 +43,26 @@ LIBRARY = """
             return masked_mean(x)
 
 
+    class Experts(torch.nn.Module):
+        def __init__(self, implementation):
+            super().__init__()
+            self.config = type("Config", (), {"_experts_implementation": implementation})()
+            self._is_expert_parallel = False
+
+        def forward(self, x):
+            return masked_mean(x)
+
+
+    class MoeModel(torch.nn.Module):
+        def __init__(self, experts):
+            super().__init__()
+            self.config = type("Config", (), {"_attn_implementation": "eager"})()
+            self.experts = Experts(experts)
+
+        def forward(self, x):
+            return self.experts(x)
+
+
     seen = []
 """
 
@@ -115,6 +135,27 @@ def test_a_known_setting_of_transformers_is_the_fix(installed: dict[str, Any]) -
     finding = classify(stack, setting=setting)
     assert finding is not None and 'attn_implementation="sdpa"' in finding.hint
     assert "`Attention` was built with `attn_implementation=\"eager\"`" in finding.hint
+
+
+@pytest.mark.parametrize("experts", ["eager", "grouped_mm"])
+def test_expert_routing_that_waits_names_the_fixed_shape_routing(installed: dict[str, Any], experts: str) -> None:
+    # The experts layer that synchronised is named, not the model around it (whose
+    # eager attention is another setting, and not the cause here).
+    import torch
+
+    installed["transformers.ops"].MoeModel(experts)(torch.ones(2))
+    stack, setting = installed["transformers.ops"].seen[-1]
+    finding = classify(stack, setting=setting)
+    assert finding is not None and f'`Experts` routes tokens with `experts_implementation="{experts}"`' in finding.hint
+    assert ('experts_implementation="grouped_mm"' if experts == "eager" else "model.to(torch.bfloat16)") in finding.hint
+
+
+def test_routing_in_fixed_shapes_is_not_blamed(installed: dict[str, Any]) -> None:
+    import torch
+
+    installed["transformers.ops"].MoeModel("batched_mm")(torch.ones(2))
+    _, setting = installed["transformers.ops"].seen[-1]
+    assert setting is not None and "attn_implementation" in setting  # the model's own setting
 
 
 def test_the_setting_is_named_only_when_the_running_module_has_it(installed: dict[str, Any]) -> None:

@@ -48,6 +48,7 @@ from ..strategies.names import current_names
 from .compare import fill_speedups, summary
 from .measure import Settings
 from .plot import plot_formats, plot_speedups
+from .presets import PRESETS
 from .registry import registered, rename_notes, select
 from .schema import Report, StrategyResult
 from .stats import default_window
@@ -86,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help=f"comma-separated built-in names (gpt, mlp, resnet18), presets (hf-gpt2, hf-llama, timm-vit, tv-resnet50) or MODULE:FACTORY (default: {DEFAULT_MODELS}; without CUDA, CPU-sized gpt and mlp)",
+        help=f"comma-separated built-in names (gpt, mlp, resnet18), presets ({', '.join(PRESETS)}) or MODULE:FACTORY (default: {DEFAULT_MODELS}; without CUDA, CPU-sized gpt and mlp)",
     )
     parser.add_argument(
         "--batch-sizes",

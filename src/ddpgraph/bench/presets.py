@@ -9,7 +9,9 @@ downloaded, with the library that defines it:
 * `hf-llama`: a transformers Llama, hidden size 512, 8 layers, 8 attention heads sharing
   4 key/value heads, vocabulary 32000, sequences of 256 tokens;
 * `timm-vit`: `timm.create_model("vit_small_patch16_224", pretrained=False)`, 224² images;
-* `tv-resnet50`: `torchvision.models.resnet50(weights=None)`, 224² images.
+* `tv-resnet50`: `torchvision.models.resnet50(weights=None)`, 224² images;
+* `hf-bert`, `hf-moe`, `hf-moe-bf16`, `tv-syncbn`, `hf-gpt2-ckpt`: the families of
+  `family_presets`.
 
 Both transformers models use PyTorch's `scaled_dot_product_attention`
 (`attn_implementation="sdpa"`): the "eager" attention of transformers synchronises with
@@ -114,6 +116,28 @@ class Preset:
     make: Callable[[], Workload]
 
 
+def _family(builder: str) -> Callable[[], Workload]:
+    """A builder of `family_presets` (BERT, mixture of experts, SyncBatchNorm, activation
+    checkpointing), imported when called: that module builds on this one."""
+
+    def make() -> Workload:
+        from . import family_presets
+
+        made: Workload = getattr(family_presets, builder)()
+        return made
+
+    return make
+
+
+_FAMILIES = (
+    Preset("hf-bert", "transformers", _family("hf_bert")),
+    Preset("hf-moe", "transformers", _family("hf_moe")),
+    Preset("hf-moe-bf16", "transformers", _family("hf_moe_bf16")),
+    Preset("tv-syncbn", "torchvision", _family("tv_syncbn")),
+    Preset("hf-gpt2-ckpt", "transformers", _family("hf_gpt2_ckpt")),
+)
+
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -121,6 +145,7 @@ PRESETS: dict[str, Preset] = {
         Preset("hf-llama", "transformers", hf_llama),
         Preset("timm-vit", "timm", timm_vit),
         Preset("tv-resnet50", "torchvision", tv_resnet50),
+        *_FAMILIES,
     )
 }
 

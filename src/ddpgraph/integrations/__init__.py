@@ -2,7 +2,8 @@
 
 Each submodule imports its framework, which is an optional dependency, and is imported
 only when asked for: `ddpgraph.lightning` (PyTorch Lightning, `pip install
-ddpgraph[lightning]`) and `ddpgraph.accelerate` (Hugging Face Accelerate, `pip install
-ddpgraph[accelerate]`). A DDP model built with plain `DDP(...)` needs no integration:
+ddpgraph[lightning]`), `ddpgraph.accelerate` (Hugging Face Accelerate, `pip install
+ddpgraph[accelerate]`) and `ddpgraph.transformers` (transformers' Trainer, `pip install
+ddpgraph[transformers]`). A DDP model built with plain `DDP(...)` needs no integration:
 `capture_step` adopts it (`ddpgraph.adopt`).
 """
