@@ -49,7 +49,10 @@ def _transformers_eager_attention(module: torch.nn.Module) -> str | None:
 def _transformers_expert_routing(module: torch.nn.Module) -> str | None:
     # transformers' experts layers keep the model's config and an expert-parallel flag.
     implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
-    if implementation not in ("eager", "grouped_mm") or not hasattr(module, "_is_expert_parallel"):
+    # The experts layer itself, by what it holds: the flag (transformers 5.2x) or the
+    # expert count every version's experts layer keeps.
+    experts = hasattr(module, "_is_expert_parallel") or hasattr(module, "num_experts")
+    if implementation not in ("eager", "grouped_mm") or not experts:
         return None
     if not _transformers_of(module):
         return None

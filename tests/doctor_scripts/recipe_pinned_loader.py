@@ -14,31 +14,35 @@ recipe_pinned_loader_thread_local.py passes here.
 from typing import Any
 
 import torch
-from common import make_model, pinned_loader, setup, side_stream_ddp, teardown, train_step
+from common import FEATURES, make_model, pinned_loader, setup, side_stream_ddp, teardown, train_step
 
 
 def main(**graph_options: Any) -> None:
     _, device = setup()
     s, ddp = side_stream_ddp(make_model(device), device)
     opt = torch.optim.AdamW(ddp.parameters(), lr=torch.tensor(1e-3, device=device), capturable=True)
-    batches = iter(pinned_loader())
-
-    static_x, static_y = (t.to(device) for t in next(batches))
-    with torch.cuda.stream(s):
-        for _ in range(11):
-            x, y = next(batches)
-            static_x.copy_(x, non_blocking=True)
-            static_y.copy_(y, non_blocking=True)
-            train_step(ddp, opt, static_x, static_y)
-    torch.cuda.current_stream().wait_stream(s)
-
+    static_x = torch.zeros(64, FEATURES, device=device)
+    static_y = torch.zeros(64, dtype=torch.long, device=device)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s, **graph_options):  # doctor: OTHER_THREAD_IN_CAPTURE
-        static_loss = train_step(ddp, opt, static_x, static_y)
-    for x, y in batches:
+    static_loss = None
+    # The loop users write: each batch copied into the graph's inputs, eager steps on the
+    # side stream first, the capture on the twelfth batch, replays after it. The
+    # DataLoader takes the next batch's index when the loop takes a batch, so its
+    # pin-memory thread pins that batch while this one's step is recorded.
+    for i, (x, y) in enumerate(pinned_loader()):
         static_x.copy_(x, non_blocking=True)
         static_y.copy_(y, non_blocking=True)
-        g.replay()
+        if i < 11:
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                train_step(ddp, opt, static_x, static_y)
+            torch.cuda.current_stream().wait_stream(s)
+        elif i == 11:
+            with torch.cuda.graph(g, stream=s, **graph_options):  # doctor: OTHER_THREAD_IN_CAPTURE
+                static_loss = train_step(ddp, opt, static_x, static_y)
+        else:
+            g.replay()
+    assert static_loss is not None
     print(f"final loss {static_loss.item():.4f}")
     teardown(g)
 

@@ -110,7 +110,21 @@ def with_same_settings(opt: Any, step: Any, device: Any) -> Any:
     assert safe.prepare() is None
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        # A CPU batch (a DataLoader's) goes to the GPU first, as an eager loop copies it
+        # and as `capture_step` stages it.
+        args, kwargs = _to_device((args, kwargs), device)
         with safe.installed():
             return step(*args, **kwargs)
 
     return call
+
+
+def _to_device(tree: Any, device: Any) -> Any:
+    from torch.utils._pytree import tree_map
+
+    def move(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and torch.device(device).type == "cuda" and x.device.type == "cpu":
+            return x.to(device, non_blocking=True)
+        return x
+
+    return tree_map(move, tree)

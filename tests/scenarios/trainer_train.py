@@ -108,7 +108,10 @@ def train(info: DistInfo, *, graphs: bool, steps: int = STEPS, model_kw: dict[st
     if extra_callback_on == info.rank:
         callbacks.append(CountGrads())
     common: dict[str, Any] = {
-        "model": gpt2(**(model_kw or {})), "args": args, "callbacks": callbacks,
+        # On a GPU, SDPA (transformers skips its host read of the mask while a stream
+        # captures); on CPU, eager attention (the recording cannot tell it).
+        "model": gpt2(**{"attn_implementation": "eager" if on_cpu else "sdpa", **(model_kw or {})}),
+        "args": args, "callbacks": callbacks,
         "train_dataset": Sequences(BATCH * steps * info.world_size),
         "eval_dataset": Sequences(2 * BATCH * info.world_size, seed=4),
     }
