@@ -52,6 +52,7 @@ from .warmup import (
     step_is_capturable,
     steps_until_capturable,
 )
+from .value_checks import ValueChecks
 from .watchdog import ReplayWatchdog, watch_replays
 
 __all__ = ["NON_DDP_WARMUP_STEPS", "CapturedStep"]
@@ -87,6 +88,8 @@ class CapturedStep(FamilySteps[R]):
         self._setup_refusal: Finding | None = None
         self._library_syncs: list[Finding] = []
         self._watchdog: ReplayWatchdog | None = None
+        self._values = ValueChecks(model, options.verify_every, options.on_failure)
+        self._fn = self._values.wrap(fn)
         # Everything that can be wrong on one rank only is found before the agreement,
         # and nothing is changed before it: a usage error makes every rank raise.
         usage = refusal = None
@@ -178,6 +181,8 @@ class CapturedStep(FamilySteps[R]):
             return self._capture_call(args, kwargs, leaves, spec)
         if due and self._backend is not None:
             return self._probe(args, kwargs, leaves, spec)
+        if self._gate_open and self._backend is not None and ValueChecks.watched_warmup(self.stats.warmup_steps, self._capture_after):
+            self._values.arm(leaves, spec, leaf_paths(args, kwargs))
         self.stats.warmup_steps += 1
         return self._eager(leaves, spec)
 
@@ -187,7 +192,9 @@ class CapturedStep(FamilySteps[R]):
         before = self._counter.count if self._counter else 0
         hyper = self._optim.hyperparameters()
         staged = stage_leaves(leaves, self._device)
-        watch = ProbeWatch(staged, leaf_paths(args, kwargs), self._optim.optimizers)
+        names = leaf_paths(args, kwargs)
+        watch = ProbeWatch(staged, names, self._optim.optimizers)
+        self._values.arm(leaves, spec, names, probe=True)
         with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe, watch.watching():
             out = self._eager(staged, spec)
         self.stats.warmup_steps += 1
@@ -197,6 +204,7 @@ class CapturedStep(FamilySteps[R]):
         # A synchronisation inside a library is left to the capture to judge: libraries
         # that test for a capture skip it there (see `ProbeResult.findings`).
         findings = self._optim.changed_by_step(hyper) + probe.findings(defer_library=True) + watch.findings()
+        findings += self._values.probe_findings()
         self._library_syncs = probe.deferred()
         if self._library_syncs:
             log.info("a library synchronised in the probe step; the capture will tell: %s", self._library_syncs[0].format())
@@ -238,6 +246,7 @@ class CapturedStep(FamilySteps[R]):
     def _policy_captured(self) -> None:
         self._optim.remember()
         self._layout = ParamLayout(self._model)
+        self._values.captured(self.stats.calls)
         report_capture_branch(self._library_syncs, current_rank())
 
     def _policy_explain(self, finding: Finding) -> Finding:
@@ -291,7 +300,7 @@ class CapturedStep(FamilySteps[R]):
         self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
     ) -> Report | None:
         assert self._layout is not None
-        report = self._layout.check() or self._optim.check(self._options.on_failure)
+        report = self._values.take_report() or self._layout.check() or self._optim.check(self._options.on_failure)
         if report is None and self._options.on_input_change == "raise":
             changed = unservable(record, self._model, args, kwargs, leaves, spec)
             if changed is not None:
@@ -309,7 +318,16 @@ class CapturedStep(FamilySteps[R]):
             return True
         # The first step after an eval forward: eager DDP skips its buffer broadcast
         # there, the graph would not. Expected, so counted but not warned about.
-        return ddp_tools.will_sync_buffers(self._model) is not record.buffer_sync
+        if ddp_tools.will_sync_buffers(self._model) is not record.buffer_sync:
+            return True
+        # A check call (`value_checks`): a watched eager step in place of the replay.
+        if self._values.due(self.stats.calls) and self._values.arm_check(leaves, spec, self.stats.calls):
+            self.stats.value_checks += 1
+            return True
+        return False
+
+    def _policy_agrees_now(self) -> bool:
+        return self._values.agrees_after_check(self.stats.calls)
 
     def _policy_after_replay(self, record: Captured) -> None:
         # A replay runs no Python. DDP's forward leaves this flag set, and it decides
@@ -322,6 +340,7 @@ class CapturedStep(FamilySteps[R]):
             self._watchdog.after_replay()
 
     def _policy_recapture(self) -> None:
+        self._values.recaptured(frozen=any(f.code is Code.FROZEN_PYTHON_VALUE for f in self._findings))
         self._optim.forget()
         self._layout = None
         self._probed = False
