@@ -130,6 +130,7 @@ class Trace:
     def __init__(self) -> None:
         self.entries: list[Entry] = []
         self.guard_failures: list[str] = []  # Dynamo's, during this call
+        self.checked = False  # a check call after capture (`value_checks`), not a warm-up step
 
     def first_difference(self, other: Trace) -> int | None:
         for i, (a, b) in enumerate(zip(self.entries, other.entries, strict=False)):

@@ -111,7 +111,8 @@ class ValueChecks:
             history.append(watch.trace)
             del history[:-WATCHED_STEPS]
             if probe and reference is not None:
-                when = f"in the last {min(len(older) + 2, WATCHED_STEPS)} warm-up steps"
+                watched = "calls: a check call and this warm-up step" if reference.checked else "warm-up steps"
+                when = f"in the last {len(older) + 2} {watched}"
                 later = "every replay would repeat the value of the call the graph records"
                 self._probe = _findings(watch, older, when, later)
 
@@ -151,7 +152,8 @@ class ValueChecks:
                 self._held = Report(found[0], self._action)
                 # The checked call is the new warm-up's reference: a value that keeps
                 # changing is refused by the probe step that compares with it.
-                history.append(watch.trace)
+                watch.trace.checked = True
+                history[:] = [watch.trace]
 
         self._armed = (ValueWatch(history[-1]), done)
         return True
