@@ -46,13 +46,13 @@ from .same_path import eager_code_paths, report_capture_branch
 from .snapshot import Restorable, failed_capture_undo
 from .step_optimizers import StepOptimizers
 from .step_record import Captured, Report, StepState, has_peers
+from .value_checks import ValueChecks
 from .warmup import (
     MIN_WARMUP_ITERATIONS,
     default_warmup_steps,
     step_is_capturable,
     steps_until_capturable,
 )
-from .value_checks import ValueChecks
 from .watchdog import ReplayWatchdog, watch_replays
 
 __all__ = ["NON_DDP_WARMUP_STEPS", "CapturedStep"]
@@ -181,7 +181,9 @@ class CapturedStep(FamilySteps[R]):
             return self._capture_call(args, kwargs, leaves, spec)
         if due and self._backend is not None:
             return self._probe(args, kwargs, leaves, spec)
-        if self._gate_open and self._backend is not None and ValueChecks.watched_warmup(self.stats.warmup_steps, self._capture_after):
+        # Watched: the last calls before the probe, and every call while held (the probe
+        # may follow the last one at once).
+        if self._backend is not None and (not self._gate_open or ValueChecks.watched_warmup(self.stats.warmup_steps, self._capture_after)):
             self._values.arm(leaves, spec, leaf_paths(args, kwargs))
         self.stats.warmup_steps += 1
         return self._eager(leaves, spec)

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from torch import nn
 
+from . import ddp as ddp_tools
 from .agreement import Action
 from .findings import Finding
 from .inputs import Signature
@@ -73,8 +74,8 @@ class ValueChecks:
         self._action = Action.RECAPTURE if on_failure == "eager" else Action.EAGER
         self._armed: tuple[ValueWatch, Callable[[ValueWatch], None]] | None = None
         self._probe: list[Finding] | None = None
-        # (signature, the last watched calls of it, newest last)
-        self._seen: list[tuple[Signature, list[Trace]]] = []
+        # (signature, model state, the last watched calls like that, newest last)
+        self._seen: list[tuple[Signature, tuple[bool, bool], list[Trace]]] = []
         self._captured_at: int | None = None
         self._held: Report | None = None
 
@@ -171,13 +172,18 @@ class ValueChecks:
 
     # ----------------------------------------------------------------- shared
     def _history(self, leaves: list[Any], spec: Any, names: list[str], *, add: bool = True) -> list[Trace]:
-        for signature, traces in self._seen:
-            if signature.matches(leaves, spec):
+        """The watched calls like this one: of its signature, and in the model's state
+        a graph keeps (train/eval mode; whether DDP's forward broadcasts buffers, which it
+        skips after an eval forward, by Python of its own), which a call in another
+        state is never replayed in place of."""
+        state = (self._model.training, ddp_tools.will_sync_buffers(self._model))
+        for signature, was, traces in self._seen:
+            if was == state and signature.matches(leaves, spec):
                 return traces
         if not add:
             return []
         traces = []
-        self._seen.append((Signature(leaves, spec, names), traces))
+        self._seen.append((Signature(leaves, spec, names), state, traces))
         del self._seen[:-_REMEMBERED]
         return traces
 
