@@ -26,12 +26,8 @@ Results = dict[str, list[dict[str, Any]]]
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2proc", "4proc"])
-def nproc(request: pytest.FixtureRequest) -> int:
-    return int(request.param)
-
-
-@pytest.fixture(scope="module")
-def results(nproc: int, tmp_path_factory: pytest.TempPathFactory) -> Results:
+def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Results:
+    nproc = int(request.param)
     if "recording" not in VARIANTS:
         pytest.skip("frozen values show only with the recording backend")
     out = tmp_path_factory.mktemp(f"frozen{nproc}")

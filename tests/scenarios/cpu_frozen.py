@@ -27,7 +27,7 @@ from ddpgraph.training.scaler import GraphSafeGradScaler
 
 CALLS = 30
 Batch = tuple[torch.Tensor, torch.Tensor]
-StepMaker = Callable[[nn.Module, torch.optim.Optimizer, dict[str, Any]], Callable[..., torch.Tensor]]
+LossOf = Callable[[torch.Tensor, torch.Tensor, dict[str, Any]], torch.Tensor]
 LOSS_WEIGHT = 1.0  # a global the training loop changes (`weight_from_global`)
 
 
@@ -42,15 +42,22 @@ def _batches(info: DistInfo, n: int = CALLS) -> list[Batch]:
 
 
 def _train(
-    info: DistInfo, make: StepMaker, *, captured: bool, before_call: Callable[[int, dict[str, Any]], None] | None = None,
+    info: DistInfo, loss_of: LossOf, *, captured: bool, before_call: Callable[[int, dict[str, Any]], None] | None = None,
     **capture: Any,
 ) -> dict[str, Any]:
-    """`CALLS` calls of the step `make` builds, captured or eager; `before_call(i, state)`
-    is the loop's own code before call i (1-based)."""
+    """`CALLS` calls of a step whose loss is `loss_of(output, target, state)`, captured
+    or eager; `before_call(i, state)` is the loop's own code before call i (1-based)."""
     ddp = ddpgraph.prepare_ddp(_model())
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW))
     state: dict[str, Any] = {"count": 0}
-    fn = make(ddp, opt, state)
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(ddp(x), y, state)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
     step: Any = (
         ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=harness.backend(), **capture)
         if captured
@@ -87,9 +94,9 @@ def _summary(step: Any) -> dict[str, Any]:
     }
 
 
-def _against_eager(info: DistInfo, make: StepMaker, before_call: Any = None, **capture: Any) -> dict[str, Any]:
-    ref = _train(info, make, captured=False, before_call=before_call)
-    run = _train(info, make, captured=True, before_call=before_call, **capture)
+def _against_eager(info: DistInfo, loss_of: LossOf, before_call: Any = None, **capture: Any) -> dict[str, Any]:
+    ref = _train(info, loss_of, captured=False, before_call=before_call)
+    run = _train(info, loss_of, captured=True, before_call=before_call, **capture)
     run["loss_rel_diff"] = harness.loss_rel_diff(ref["losses"], run["losses"])
     run["param_rel_diff"] = harness.rel_diff(ref["params"], run["params"])
     run["eager_count"] = ref["count"]
@@ -98,50 +105,22 @@ def _against_eager(info: DistInfo, make: StepMaker, before_call: Any = None, **c
 
 
 # ------------------------------------------------------------------ values that change
-def _counter_step(ddp: nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> Callable[..., torch.Tensor]:
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def counter(info: DistInfo) -> dict[str, Any]:
+    def loss_of(out: torch.Tensor, y: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         state["count"] += 1
         scale = 1.0 / state["count"]
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(ddp(x), y) * scale  # frozen: counter
-        loss.backward()
-        opt.step()
-        return loss.detach()
+        return F.cross_entropy(out, y) * scale  # frozen: counter
 
-    return train_step
-
-
-def counter(info: DistInfo) -> dict[str, Any]:
-    return _against_eager(info, _counter_step)
-
-
-def _ramp_step(ddp: nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> Callable[..., torch.Tensor]:
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        state["count"] += 1
-        ramp = min(1.0, state["count"] / 50)
-        opt.zero_grad(set_to_none=True)
-        out = ddp(x)
-        loss = F.cross_entropy(out, y) + ramp * out.pow(2).mean()  # frozen: ramp
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return train_step
+    return _against_eager(info, loss_of)
 
 
 def ramp(info: DistInfo) -> dict[str, Any]:
-    return _against_eager(info, _ramp_step)
+    def loss_of(out: torch.Tensor, y: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        state["count"] += 1
+        ramp = min(1.0, state["count"] / 50)
+        return F.cross_entropy(out, y) + ramp * out.pow(2).mean()  # frozen: ramp
 
-
-def _global_step(ddp: nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> Callable[..., torch.Tensor]:
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(ddp(x), y) * LOSS_WEIGHT  # frozen: global
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return train_step
+    return _against_eager(info, loss_of)
 
 
 def _anneal_global(i: int, state: dict[str, Any]) -> None:
@@ -150,21 +129,17 @@ def _anneal_global(i: int, state: dict[str, Any]) -> None:
 
 
 def weight_from_global(info: DistInfo) -> dict[str, Any]:
-    return _against_eager(info, _global_step, _anneal_global)
+    def loss_of(out: torch.Tensor, y: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        return F.cross_entropy(out, y) * LOSS_WEIGHT  # frozen: global
+
+    return _against_eager(info, loss_of, _anneal_global)
 
 
-def _flag_step(ddp: nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> Callable[..., torch.Tensor]:
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        out = ddp(x)
-        loss = F.cross_entropy(out, y)
-        if state.get("aux"):
-            loss = loss + 0.5 * out.pow(2).mean()  # frozen: flag
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return train_step
+def _flagged_loss(out: torch.Tensor, y: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+    loss = F.cross_entropy(out, y)
+    if state.get("aux"):
+        loss = loss + 0.5 * out.pow(2).mean()  # frozen: flag
+    return loss
 
 
 FLIP_AT = 20  # a check call with verify_every=2 (capture at call 12)
@@ -172,7 +147,7 @@ FLIP_AT = 20  # a check call with verify_every=2 (capture at call 12)
 
 def _flip(ranks: Callable[[int], bool]) -> Callable[[int, dict[str, Any]], None]:
     def before_call(i: int, state: dict[str, Any]) -> None:
-        if i == FLIP_AT and ranks(state.setdefault("rank", torch.distributed.get_rank())):
+        if i == FLIP_AT and ranks(torch.distributed.get_rank()):
             state["aux"] = True
 
     return before_call
@@ -180,38 +155,32 @@ def _flip(ranks: Callable[[int], bool]) -> Callable[[int, dict[str, Any]], None]
 
 def flag_after_capture(info: DistInfo) -> dict[str, Any]:
     """The flag flips on the 20th call, a check call: every later call follows it."""
-    return _against_eager(info, _flag_step, _flip(lambda rank: True), verify_every=2)
+    return _against_eager(info, _flagged_loss, _flip(lambda rank: True), verify_every=2)
 
 
 def flag_after_capture_unchecked(info: DistInfo) -> dict[str, Any]:
     """The same without `verify_every`: the graph keeps the flag it recorded."""
-    return _against_eager(info, _flag_step, _flip(lambda rank: True))
+    return _against_eager(info, _flagged_loss, _flip(lambda rank: True))
 
 
 def flag_on_one_rank(info: DistInfo) -> dict[str, Any]:
     """The flag flips on the last rank only: every rank captures again, on one call."""
     last = info.world_size - 1
-    return _against_eager(info, _flag_step, _flip(lambda rank: rank == last), verify_every=2)
+    return _against_eager(info, _flagged_loss, _flip(lambda rank: rank == last), verify_every=2)
 
 
 def counter_after_capture(info: DistInfo) -> dict[str, Any]:
     """A value that starts changing only after capture: the check finds it, and the new
     warm-up refuses it (it keeps changing)."""
-    def make(ddp: nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> Callable[..., torch.Tensor]:
-        def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            decay = 1.0 if state["call"] < FLIP_AT else 0.9 ** (state["call"] - FLIP_AT)
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(ddp(x), y) * decay  # frozen: decay
-            loss.backward()
-            opt.step()
-            return loss.detach()
 
-        return train_step
+    def loss_of(out: torch.Tensor, y: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        decay = 1.0 if state["call"] < FLIP_AT else 0.9 ** (state["call"] - FLIP_AT)
+        return F.cross_entropy(out, y) * decay  # frozen: decay
 
     def before_call(i: int, state: dict[str, Any]) -> None:
         state["call"] = i  # the loop's own count, read by the step
 
-    return _against_eager(info, make, before_call, verify_every=2)
+    return _against_eager(info, loss_of, before_call, verify_every=2)
 
 
 # ------------------------------------------------------------------ steps that must stay captured

@@ -25,8 +25,9 @@ run eagerly, where Dynamo recompiles as usual. Other Python state that `forward`
 frozen Python values (`value_checks`: the last warm-up calls, and every
 `verify_every`-th call after capture) run the compiled code, so that its guards are
 evaluated, and a guard that fails in one of them is a FROZEN_PYTHON_VALUE finding
-(`python_values.guard_finding`) agreed on like any other. A replay between two checks
-evaluates no guard.
+(`python_values.guard_finding`) agreed on like any other; in the probe step it first
+restarts the settling, like any compile there, and stands once the restarts are spent.
+A replay between two checks evaluates no guard.
 """
 
 from __future__ import annotations
@@ -281,9 +282,6 @@ class CompiledStep(StepBase[R]):
         that call on any rank, all ranks settle again and capture afresh."""
         if self._restarts >= MAX_RESTARTS or self._options.on_failure != "eager":
             return
-        reason = self._core.reason
-        if reason is not None and reason.code is Code.FROZEN_PYTHON_VALUE:
-            return  # a guard that failed again is the finding, not compiling left to settle
         if self._agree(not compiled):
             return
         self._restarts += 1
