@@ -61,6 +61,9 @@ _SHOWN_VALUES = 4
 _VALUE_CHARS = 40
 
 
+_compiling = torch.compiler.is_compiling
+
+
 class _Tensor:
     """The mark a tensor argument leaves in a trace."""
 
@@ -69,6 +72,7 @@ class _Tensor:
 
 
 _TENSOR = _Tensor()
+_TENSOR_TYPES = frozenset({torch.Tensor, nn.Parameter})
 _NAN = "nan"  # NaN is not equal to itself; a NaN constant must not look like a change
 _PLAIN = (int, str, bool, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format, slice)
 
@@ -98,9 +102,19 @@ def _name(func: Any) -> str:
         return str(getattr(func, "__qualname__", func))
 
 
+_IGNORED: dict[Any, bool] = {}
+
+
 def _ignored(func: Any) -> bool:
-    # Profiler ranges: named by the step, never part of a graph.
-    return "profiler" in str(getattr(func, "_qualified_op_name", "") or getattr(func, "__module__", "") or "")
+    """Profiler ranges: named by the step, never part of a graph (decided once per function)."""
+    try:
+        return _IGNORED[func]
+    except KeyError:
+        name = str(getattr(func, "_qualified_op_name", "") or getattr(func, "__module__", "") or "")
+        _IGNORED[func] = ignored = "profiler" in name
+        return ignored
+    except TypeError:  # not hashable
+        return False
 
 
 @dataclass(frozen=True)
@@ -157,21 +171,24 @@ class ValueWatch(TorchFunctionMode):
         # Dynamo tracing through this mode (a function compiled inside the step that
         # `outside_compiled` could not reach): pass through and record nothing, so
         # that the traced graph holds nothing of the watch.
-        if self._optimizer_depth or torch.compiler.is_compiling() or _ignored(func):
+        if self._optimizer_depth or _compiling() or _ignored(func):
             return func(*args, **kwargs)
-        values = tuple(map(_value, args))
+        # Plain tensors are most arguments: marked without a call of `_value`.
+        values = tuple([_TENSOR if type(a) in _TENSOR_TYPES else _value(a) for a in args])
         if kwargs:
             values += tuple((k, _value(v)) for k, v in kwargs.items())
         self._add((func, values))
         return func(*args, **kwargs)
 
     def _add(self, entry: Entry) -> None:
+        """Append `entry`; at the first one unlike the reference's, note the user's line
+        (in the stack from the caller of the method calling this one)."""
         entries = self.trace.entries
         ref = self._reference
         if ref is not None and self.divergence is None:
             i = len(entries)
             if i >= len(ref) or ref[i] != entry:
-                where = user_location(traceback.extract_stack()[:-2])
+                where = user_location(traceback.extract_stack(sys._getframe(2)))
                 self.divergence = Divergence(i, where, [ref[i] if i < len(ref) else None, entry])
         entries.append(entry)
 

@@ -36,6 +36,15 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
 
 
+def _graph_backend() -> Any:
+    """CUDA graphs on a GPU (tests/scenarios/gpu_frozen.py), else the variant's CPU backend."""
+    return None if torch.cuda.is_available() else harness.backend()
+
+
+def _on(info: DistInfo, batches: list[Batch]) -> list[Batch]:
+    return [(x.to(info.device), y.to(info.device)) for x, y in batches]
+
+
 def _batches(info: DistInfo, n: int = CALLS) -> list[Batch]:
     gen = torch.Generator().manual_seed(100 + info.rank)
     return [(torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)) for _ in range(n)]
@@ -47,7 +56,7 @@ def _train(
 ) -> dict[str, Any]:
     """`CALLS` calls of a step whose loss is `loss_of(output, target, state)`, captured
     or eager; `before_call(i, state)` is the loop's own code before call i (1-based)."""
-    ddp = ddpgraph.prepare_ddp(_model())
+    ddp = ddpgraph.prepare_ddp(_model().to(info.device))
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW))
     state: dict[str, Any] = {"count": 0}
 
@@ -59,14 +68,14 @@ def _train(
         return loss.detach()
 
     step: Any = (
-        ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=harness.backend(), **capture)
+        ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=_graph_backend(), **capture)
         if captured
         else harness.with_same_settings(opt, fn, info.device)
     )
     losses, states = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for i, (x, y) in enumerate(_batches(info), start=1):
+        for i, (x, y) in enumerate(_on(info, _batches(info)), start=1):
             if before_call is not None:
                 before_call(i, state)
             losses.append(float(step(x, y)))
@@ -192,7 +201,7 @@ def _clean(
     `reference`, eagerly too, to compare)."""
 
     def train(captured: bool) -> tuple[dict[str, Any], list[torch.Tensor]]:
-        ddp = ddpgraph.prepare_ddp(make_model())
+        ddp = ddpgraph.prepare_ddp(make_model().to(info.device))
         opt = opt_cls(ddp.parameters(), lr=1e-3, **harness.optimizer_kwargs(opt_cls), **(opt_kw or {}))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.05 * s))
         made = step_of(ddp, opt)
@@ -206,7 +215,7 @@ def _clean(
             return {}, harness.params_of(ddp)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=harness.backend(), verify_every=4, **options) as step:
+            with ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=_graph_backend(), verify_every=4, **options) as step:
                 for batch in data:
                     step(*batch)
                     sched.step()
@@ -226,7 +235,7 @@ def _plain_step(ddp: nn.Module, opt: torch.optim.Optimizer, *, clip: bool = True
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         calls["n"] += 1
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = ddp(x)
             loss = F.cross_entropy(logits.float().flatten(0, -2), y.flatten())
         loss.backward()
@@ -244,7 +253,7 @@ def _tokens(info: DistInfo, vocab: int, n: int = 20, t: int = 16) -> list[Batch]
     for _ in range(n):
         ids = torch.randint(0, vocab, (2, t + 1), generator=gen)
         out.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
-    return out
+    return _on(info, out)
 
 
 def clean_demo_gpt(info: DistInfo) -> dict[str, Any]:
@@ -303,7 +312,7 @@ def _cnn() -> nn.Module:
 
 def _images(info: DistInfo, n: int = 20) -> list[Batch]:
     gen = torch.Generator().manual_seed(3 + info.rank)
-    return [(torch.randn(4, 3, 12, 12, generator=gen), torch.randint(0, 4, (4,), generator=gen)) for _ in range(n)]
+    return _on(info, [(torch.randn(4, 3, 12, 12, generator=gen), torch.randint(0, 4, (4,), generator=gen)) for _ in range(n)])
 
 
 def clean_cnn_sgd(info: DistInfo) -> dict[str, Any]:
