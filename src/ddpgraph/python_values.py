@@ -146,14 +146,6 @@ class Trace:
         self.guard_failures: list[str] = []  # Dynamo's, during this call
         self.checked = False  # a check call after capture (`value_checks`), not a warm-up step
 
-    def first_difference(self, other: Trace) -> int | None:
-        for i, (a, b) in enumerate(zip(self.entries, other.entries, strict=False)):
-            if a != b:
-                return i
-        if len(self.entries) != len(other.entries):
-            return min(len(self.entries), len(other.entries))
-        return None
-
 
 class ValueWatch(TorchFunctionMode):
     """Records the calls of one step into `trace`; with a `reference`, notes the user's
@@ -214,7 +206,7 @@ def watching(watch: ValueWatch, model: nn.Module | None) -> Iterator[ValueWatch]
     """Run the block under `watch`, out of compiled code, with optimizer steps marked."""
     pre = getattr(optimizer_module, "register_optimizer_step_pre_hook", None)
     post = getattr(optimizer_module, "register_optimizer_step_post_hook", None)
-    failures = _guard_failure_count()
+    failures = _guard_failure_counts()
     with ExitStack() as stack:
         if pre is not None and post is not None:
             stack.callback(pre(watch.optimizer_started).remove)
@@ -261,19 +253,19 @@ def _guard_failure_store() -> Any:
     return getattr(dynamo_utils, "guard_failures", None)
 
 
-def _guard_failure_count() -> int:
+def _guard_failure_counts() -> dict[Any, int]:
     store = _guard_failure_store()
-    return sum(len(v) for v in store.values()) if store is not None else 0
+    return {code: len(v) for code, v in store.items()} if store is not None else {}
 
 
-def dynamo_guard_failures(before: int) -> list[str]:
+def dynamo_guard_failures(before: dict[Any, int]) -> list[str]:
     """The reasons torch.compile's guards gave for failing since `before`
-    (`_guard_failure_count`): a Python value a compiled frame read changed."""
+    (`_guard_failure_counts`, per compiled code object): a Python value a compiled
+    frame read changed."""
     store = _guard_failure_store()
     if store is None:
         return []
-    reasons = [r for v in store.values() for r in v]
-    return [str(r) for r in reasons[before:]]
+    return [str(r) for code, v in list(store.items()) for r in v[before.get(code, 0):]]
 
 
 _GUARD_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')

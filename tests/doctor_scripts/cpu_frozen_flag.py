@@ -12,8 +12,8 @@ GPU (CUDA graphs) or CPU (the recording backend).
 import argparse
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+from common import descend, finish, portable_backend, toy_batches
 from torch import nn
 
 import ddpgraph
@@ -31,25 +31,17 @@ def main() -> None:
     config = {"aux_loss": False}
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
         logits = model(x)
         loss = F.cross_entropy(logits, y)
         if config["aux_loss"]:
             loss = loss + 0.1 * logits.pow(2).mean()  # doctor: FROZEN_PYTHON_VALUE
-        loss.backward()
-        opt.step()
-        return loss.detach()
+        return descend(opt, loss)
 
-    backend = None if torch.cuda.is_available() else ddpgraph.RecordingBackend()
-    with ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=backend) as step:
-        for i in range(args.steps):
-            if i == args.aux_from:
-                config["aux_loss"] = True
-            x = torch.randn(8, 16, device=info.device)
-            loss = step(x, x[:, :4].argmax(1))
-        if dist.get_rank() == 0:
-            print(f"final loss {loss.item():.4f} ({step.state.value}, {step.stats.captures} captures)")
-    dist.destroy_process_group()
+    step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=portable_backend())
+    for i, (x, y) in enumerate(toy_batches(info.device, args.steps)):
+        config["aux_loss"] = i >= args.aux_from
+        loss = step(x, y)
+    finish(step, loss, f", {step.stats.captures} captures")
 
 
 if __name__ == "__main__":

@@ -4,14 +4,14 @@
 Captured, the counter would stop at the capture and the ramp with it. The doctor names
 the line that passes the ramp to torch. GPU (CUDA graphs) or CPU (the recording backend).
 
-    ddpgraph doctor --nproc 2 tests/doctor_scripts/cpu_frozen_ramp.py
+    ddpgraph doctor --nproc 2 tests/doctor_scripts/cpu_frozen_ramp.py --steps 30
 """
 
 import argparse
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+from common import finish, portable_backend, toy_batches
 from torch import nn
 
 import ddpgraph
@@ -42,15 +42,10 @@ def main() -> None:
     args = parser.parse_args()
     info = ddpgraph.init_distributed()
     trainer = Trainer(info.device)
-    backend = None if torch.cuda.is_available() else ddpgraph.RecordingBackend()
-    step = ddpgraph.capture_step(trainer.train_step, model=trainer.model, optimizer=trainer.opt, backend=backend)
-    for _ in range(args.steps):
-        x = torch.randn(8, 16, device=info.device)
-        loss = step(x, x[:, :4].argmax(1))
-    if dist.get_rank() == 0:
-        print(f"final loss {loss.item():.4f} at step {trainer.step} ({step.state.value})")
-    step.close()
-    dist.destroy_process_group()
+    step = ddpgraph.capture_step(trainer.train_step, model=trainer.model, optimizer=trainer.opt, backend=portable_backend())
+    for x, y in toy_batches(info.device, args.steps):
+        loss = step(x, y)
+    finish(step, loss, f", at step {trainer.step}")
 
 
 if __name__ == "__main__":
