@@ -32,6 +32,9 @@
 #   families         ddpgraph bench on hf-bert, hf-moe-bf16, tv-syncbn, hf-gpt2-ckpt at batch
 #                    8: eager, reduce-overhead, whole (3-4 min; families.json)
 #   watchdog         scripts/bench_watchdog.py --cuda                  (< 1 min)
+#   verify-cost      scripts/probes/verify_cost.py on the four presets, batch 8: what the
+#                    frozen-value watch costs per eager step, and verify_every=100 per
+#                    step (2-4 min)
 #   overhead         scripts/replay_overhead.py (host time per replay, CPU; with
 #                    OLD_SRC=<dir> also the same script on that source, side by side)
 set -uo pipefail
@@ -79,6 +82,8 @@ for stage in "$@"; do
         --strategies eager,reduce-overhead,whole --steps 30 --warmup 15 --profile-steps 0 --no-data-loader \
         --json "$OUT/families.json" ;;
     watchdog) run watchdog python3 scripts/bench_watchdog.py --cuda ;;
+    verify-cost) run verify-cost torchrun --standalone --nproc_per_node=1 scripts/probes/verify_cost.py \
+        --model hf-gpt2,hf-llama,timm-vit,tv-resnet50 --batch 8 --json "$OUT/verify_cost.json" ;;
     overhead)
       run overhead python3 scripts/replay_overhead.py --calls 500 --rounds 40
       if [ -n "${OLD_SRC:-}" ]; then

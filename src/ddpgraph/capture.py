@@ -23,6 +23,7 @@ from .family import BeyondMaxGraphs
 from .options import DEFAULT_AGREE_EVERY, CaptureOptions
 from .parity import ParityCheck
 from .step_record import StepState, StepStats
+from .value_checks import DEFAULT_VERIFY_EVERY
 
 __all__ = ["CapturedStep", "StepState", "StepStats", "as_optimizers", "capture_step", "choose_backend"]
 
@@ -41,7 +42,7 @@ def capture_step(
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
     scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
     on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ...,
-    parity: ParityCheck | bool | None = ..., compile: Literal[False] = ...,
+    parity: ParityCheck | bool | None = ..., verify_every: int | None = ..., compile: Literal[False] = ...,
 ) -> CapturedStep[R]: ...
 @overload
 def capture_step(
@@ -51,7 +52,7 @@ def capture_step(
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
     scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
     on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ...,
-    parity: ParityCheck | bool | None = ..., compile: Literal[True],
+    parity: ParityCheck | bool | None = ..., verify_every: int | None = ..., compile: Literal[True],
 ) -> TrainStep[R]: ...
 @overload
 def capture_step(
@@ -61,7 +62,7 @@ def capture_step(
     backend: GraphBackend | None = ..., generators: Sequence[torch.Generator] = ...,
     scaler: Any = ..., agree_every: int | None = ..., replay_timeout: Any = ...,
     on_replay_timeout: Any = ..., max_graphs: int = ..., beyond_max_graphs: Any = ...,
-    parity: ParityCheck | bool | None = ..., compile: bool,
+    parity: ParityCheck | bool | None = ..., verify_every: int | None = ..., compile: bool,
 ) -> CapturedStep[R] | TrainStep[R]: ...
 def capture_step(
     fn: Callable[..., R],
@@ -83,6 +84,7 @@ def capture_step(
     max_graphs: int = 1,
     beyond_max_graphs: BeyondMaxGraphs = "evict",
     parity: ParityCheck | bool | None = None,
+    verify_every: int | None = DEFAULT_VERIFY_EVERY,
     compile: bool = False,
 ) -> CapturedStep[R] | TrainStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
@@ -151,6 +153,13 @@ def capture_step(
             captures, run the step once eagerly and once replayed from the same saved state
             and compare parameters and outputs on every rank; a difference beyond `rtol` on
             any rank is a PARITY_MISMATCH finding, answered by `on_failure` on all ranks.
+        verify_every: every this many calls after the capturing one, serve the call with
+            a watched eager step instead of a replay, on every rank, and compare the Python
+            values it passes to torch (numbers, sizes, the functions a branch calls) with
+            the last warm-up call's; a difference (a flag set at step 1000, a curriculum
+            switch) is FROZEN_PYTHON_VALUE, and the step is captured again on every rank
+            (given up under `on_failure="raise"`). None (the default) never checks: each
+            check costs an eager step (docs/training.md has the cost).
         compile: True compiles the model in place with torch.compile (inductor's default
             mode, no CUDA graphs of its own) and captures the whole step around it: the
             fastest path where fusion pays. Compiling finishes before capture, and a
@@ -158,7 +167,9 @@ def capture_step(
             that strategy's step. `fn` stays as written.
 
     Detected during the probe step (the step then runs eagerly on every rank, with a
-    finding): host synchronisations, hyper-parameters the step changes, arguments it
+    finding): a Python value the step passes to torch that changed between the last
+    warm-up calls, or a branch that changed the functions it calls (FROZEN_PYTHON_VALUE),
+    host synchronisations, hyper-parameters the step changes, arguments it
     writes into in place or that receive a gradient (INPUT_CHANGED_BY_STEP), and
     optimizers it steps that were not passed as `optimizer=` (OPTIMIZER_NOT_PASSED).
     Detected before every replay: changed argument shapes/dtypes/constants and
@@ -168,8 +179,9 @@ def capture_step(
     added, or `load_state_dict` of another structure (OPTIMIZER_STATE_REPLACED, captured
     again); a Python hyper-parameter changed (LR_BAKED_INTO_GRAPH, eager from then on).
     Not detected: a single optimizer state tensor replaced inside its entry, a parameter
-    replaced by a new object in its module, and Python state the step reads (flags,
-    attributes), which stays as it was at capture.
+    replaced by a new object in its module, and, without `verify_every`, Python state
+    the step reads that changes only after capture (a flag set later), which stays as
+    it was at capture.
 
     Without CUDA (or with the model on CPU) the step runs eagerly and `reason` has code
     NO_CUDA. Use `close()` or a `with` block to free the graph before the process group.
@@ -185,7 +197,7 @@ def capture_step(
     options = CaptureOptions(
         warmup_steps, on_failure, on_input_change, clone_outputs, stream, pool, backend,
         generators=tuple(generators), scaler=scaler, max_graphs=max_graphs, beyond_max_graphs=beyond_max_graphs,
-        agree_every=DEFAULT_AGREE_EVERY if agree_every is None else agree_every, parity=parity,
+        agree_every=DEFAULT_AGREE_EVERY if agree_every is None else agree_every, parity=parity, verify_every=verify_every,
         replay_timeout=replay_timeout, on_replay_timeout=on_replay_timeout,
     )
     if compile is not False:

@@ -30,9 +30,9 @@ from .agreement import Action, Outcome
 from .backend_choice import choose_backend, needs_adoption
 from .backends import CudaGraphBackend
 from .call_guard import unservable
+from .checked_steps import CheckedSteps
 from .distributed import current_rank
 from .errors import DdpGraphUsageError
-from .family_capture import FamilySteps
 from .findings import Code, Finding
 from .inputs import check_supported, leaf_paths, stage_leaves
 from .integrations.accelerate import unwrap_optimizers
@@ -64,7 +64,7 @@ R = TypeVar("R")
 NON_DDP_WARMUP_STEPS = 3
 
 
-class CapturedStep(FamilySteps[R]):
+class CapturedStep(CheckedSteps[R]):
     """A training step that warms up eagerly, is captured once, then replays.
 
     Call it like the function it wraps. Build it with `capture_step`.
@@ -87,6 +87,7 @@ class CapturedStep(FamilySteps[R]):
         self._setup_refusal: Finding | None = None
         self._library_syncs: list[Finding] = []
         self._watchdog: ReplayWatchdog | None = None
+        self._watch_values(fn)
         # Everything that can be wrong on one rank only is found before the agreement,
         # and nothing is changed before it: a usage error makes every rank raise.
         usage = refusal = None
@@ -179,6 +180,7 @@ class CapturedStep(FamilySteps[R]):
             return self._capture_call(args, kwargs, leaves, spec)
         if due and self._backend is not None:
             return self._probe(args, kwargs, leaves, spec)
+        self._watch_warmup(args, kwargs, leaves, spec, held=not self._gate_open, capture_after=self._capture_after)
         self.stats.warmup_steps += 1
         return self._eager(leaves, spec)
 
@@ -189,6 +191,7 @@ class CapturedStep(FamilySteps[R]):
         hyper = self._optim.hyperparameters()
         staged = stage_leaves(leaves, self._device)
         watch = ProbeWatch(staged, leaf_paths(args, kwargs), self._optim.optimizers)
+        self._values.arm(leaves, spec, leaf_paths(args, kwargs), probe=True)
         with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe, watch.watching():
             out = self._eager(staged, spec)
         self.stats.warmup_steps += 1
@@ -197,7 +200,7 @@ class CapturedStep(FamilySteps[R]):
         # step also synchronises reading the mirrored tensors, and moving it is the fix.
         # A synchronisation inside a library is left to the capture to judge: libraries
         # that test for a capture skip it there (see `ProbeResult.findings`).
-        findings = self._optim.changed_by_step(hyper) + probe.findings(defer_library=True) + watch.findings()
+        findings = self._optim.changed_by_step(hyper) + probe.findings(defer_library=True) + watch.findings() + self._values.probe_findings()
         self._library_syncs = probe.deferred()
         if self._library_syncs:
             log.info("a library synchronised in the probe step; the capture will tell: %s", self._library_syncs[0].format())
@@ -239,6 +242,7 @@ class CapturedStep(FamilySteps[R]):
     def _policy_captured(self) -> None:
         self._optim.remember()
         self._layout = ParamLayout(self._model)
+        super()._policy_captured()
         report_capture_branch(self._library_syncs, current_rank())
 
     def _policy_explain(self, finding: Finding) -> Finding:
@@ -286,20 +290,16 @@ class CapturedStep(FamilySteps[R]):
         return self._eager(leaves, spec)
 
     # ----------------------------------------------------------------- captured
-    def _policy_check(
-        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
-    ) -> Report | None:
+    def _policy_check(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
         assert self._layout is not None
-        report = self._layout.check() or self._optim.check(self._options.on_failure)
+        report = self._values.take_report() or self._layout.check() or self._optim.check(self._options.on_failure)
         if report is None and self._options.on_input_change == "raise":
             changed = unservable(record, self._model, args, kwargs, leaves, spec)
             if changed is not None:
                 report = Report(changed, Action.RAISE)
         return report
 
-    def _policy_unserved(
-        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
-    ) -> bool:
+    def _policy_unserved(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
         changed = unservable(record, self._model, args, kwargs, leaves, spec)
         if changed is not None:
             self._unserved.seen(changed)
@@ -308,8 +308,9 @@ class CapturedStep(FamilySteps[R]):
             self.stats.input_changes += 1
             return True
         # The first step after an eval forward: eager DDP skips its buffer broadcast
-        # there, the graph would not. Expected, so counted but not warned about.
-        return ddp_tools.will_sync_buffers(self._model) is not record.buffer_sync
+        # there, the graph would not. Expected, so counted but not warned about. Or a
+        # check call (`value_checks`).
+        return ddp_tools.will_sync_buffers(self._model) is not record.buffer_sync or self._check_instead(leaves, spec)
 
     def _policy_after_replay(self, record: Captured) -> None:
         # A replay runs no Python. DDP's forward leaves this flag set, and it decides
@@ -322,6 +323,7 @@ class CapturedStep(FamilySteps[R]):
             self._watchdog.after_replay()
 
     def _policy_recapture(self) -> None:
+        super()._policy_recapture()
         self._optim.forget()
         self._layout = None
         self._probed = False

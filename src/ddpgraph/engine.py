@@ -39,7 +39,7 @@ from .backends import GraphBackend
 from .distributed import current_rank
 from .eager_call import run_eager_call
 from .errors import DdpGraphError
-from .fallback import UnservedCalls, fall_back
+from .fallback import UnservedCalls, capture_again, fall_back
 from .family import GraphFamily, shared_pool
 from .findings import Code, Finding
 from .inputs import flatten_call
@@ -183,7 +183,7 @@ class CaptureEngine(Generic[R]):
         if self._pending is None:
             self._pending = self._policy_check(record, args, kwargs, leaves, spec)
         self._since_decision += 1
-        if self._since_decision >= self._every:
+        if self._since_decision >= self._every or self._policy_agrees_now():
             self._since_decision = 0
             pending = self._pending
             adding = pending is None and self._policy_adds_graph(record)
@@ -231,7 +231,7 @@ class CaptureEngine(Generic[R]):
             raise DdpGraphError(summary)
         self._drop_record()
         if decision.action is Action.RECAPTURE:
-            log.warning("%s", summary.format())
+            capture_again(summary)
             self._state = StepState.WARMUP
             self._policy_recapture()
             return self._policy_warmup_call(args, kwargs, leaves, spec)
@@ -327,6 +327,11 @@ class CaptureEngine(Generic[R]):
 
     def _policy_after_replay(self, record: Captured) -> None:
         pass
+
+    def _policy_agrees_now(self) -> bool:
+        """Whether this call is a decision point besides every `agree_every`-th (decided
+        from what every rank counts alike)."""
+        return False
 
     def _policy_adds_graph(self, record: Captured) -> bool:
         """Whether this call would add a graph for its signature (`family`)."""

@@ -9,6 +9,7 @@ training step and the captured evaluation share them, so the two say the same th
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Literal
 
@@ -17,6 +18,7 @@ from .errors import DdpGraphError, DdpGraphWarning, usage_error
 from .findings import Code, Finding
 
 OnFailure = Literal["eager", "raise"]
+log = logging.getLogger("ddpgraph")
 
 
 def check_policies(api: str, on_failure: object, on_input_change: object) -> None:
@@ -39,6 +41,15 @@ def fall_back(finding: Finding, on_failure: OnFailure, *, continues: str, warn: 
         raise DdpGraphError(finding)
     if warn and current_rank() == 0:
         warnings.warn(f"{finding.format()}\n{continues}", DdpGraphWarning, stacklevel=stacklevel + 1)
+
+
+def capture_again(finding: Finding) -> None:
+    """What capturing a step again means to the user: a line in the log; a warning on
+    rank 0 too when the graph had been replaying a frozen Python value (every rank
+    captures again together, and one message is enough)."""
+    log.warning("%s", finding.format())
+    if finding.code is Code.FROZEN_PYTHON_VALUE and current_rank() == 0:
+        warnings.warn(f"{finding.format()}\nThe step is captured again.", DdpGraphWarning, stacklevel=4)
 
 
 class UnservedCalls:

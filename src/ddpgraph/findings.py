@@ -35,6 +35,7 @@ class Code(str, enum.Enum):
     PARAMETERS_CHANGED = "PARAMETERS_CHANGED"
     UNSUPPORTED_SETUP = "UNSUPPORTED_SETUP"
     OTHER_THREAD_IN_CAPTURE = "OTHER_THREAD_IN_CAPTURE"
+    FROZEN_PYTHON_VALUE = "FROZEN_PYTHON_VALUE"
     # The environment.
     NO_CUDA = "NO_CUDA"
     NCCL_TOO_OLD = "NCCL_TOO_OLD"
@@ -181,6 +182,16 @@ CATALOG: dict[Code, CodeInfo] = {
         "a strategy other than DDP); the step runs eagerly.",
         "Use automatic optimization with one optimizer, `accumulate_grad_batches=1` and "
         "bf16 or fp32 precision, or capture your own step with `ddpgraph.capture_step`.",
+    ),
+    Code.FROZEN_PYTHON_VALUE: CodeInfo(
+        "A Python value the step computes would be frozen into the graph",
+        "A replay runs no Python: a number the step's Python passes to an operation (a loss "
+        "weight from a step counter, a size, an index) or the branch it takes is the one "
+        "recorded at capture, repeated by every replay. Calls of the step were seen to differ "
+        "in such a value.",
+        "Pass the value into the step as a tensor argument, or keep it in a device tensor the "
+        "step updates in place; make a branch a tensor operation (`torch.where`) or move it "
+        "out of the step.",
     ),
     Code.NO_CUDA: CodeInfo(
         "No CUDA device for this step",

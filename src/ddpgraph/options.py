@@ -24,13 +24,14 @@ from .findings import Code, Finding
 from .parity import ParityCheck, as_parity_check
 from .snapshot import Restorable
 from .streams import can_run_graphs
+from .value_checks import DEFAULT_VERIFY_EVERY
 from .watchdog import check_options as check_watchdog_options
 
 # Calls between two agreements of a captured step on a DDP model (see `engine`).
 DEFAULT_AGREE_EVERY = 100
 _EXTRA_KEYS = (
     "generators", "scaler", "agree_every", "replay_timeout", "on_replay_timeout", "max_graphs", "beyond_max_graphs",
-    "parity",
+    "parity", "verify_every",
 )
 
 
@@ -56,6 +57,9 @@ class CaptureOptions:
     max_graphs: int = 1  # graphs held for different input signatures (`family`)
     beyond_max_graphs: BeyondMaxGraphs = "evict"
     parity: Any = None  # a `parity.ParityCheck`, True or None
+    # Every this many calls once captured, a watched eager call checks for frozen Python
+    # values (`value_checks`); None: never.
+    verify_every: int | None = DEFAULT_VERIFY_EVERY
 
     def resolved(self, api: str = "capture_step") -> CaptureOptions:
         """`extra` moved into the named fields; an unknown key is a usage error."""
@@ -101,6 +105,12 @@ class CaptureOptions:
         self._check_scaler(api)
         check_watchdog_options(self.replay_timeout, self.on_replay_timeout)
         as_parity_check(self.parity)
+        verify = self.verify_every
+        if verify is not None and (isinstance(verify, bool) or not isinstance(verify, int) or verify < 1):
+            raise usage_error(
+                f"`{api}(verify_every=...)`", f"expected an int >= 1 or None, got {verify!r}",
+                "pass how many calls apart to check the step's Python values (100, say), or None not to check",
+            )
         every = self.agree_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise usage_error(f"`{api}(agree_every=...)`", f"expected an int >= 1, got {every!r}", f"leave it out for the default ({DEFAULT_AGREE_EVERY})")

@@ -52,6 +52,7 @@ class StepStats:
     replays_per_graph: dict[str, int] = field(default_factory=dict)
     evictions: int = 0
     pool_bytes: int | None = None  # the family's memory pool; None off CUDA or unknown
+    value_checks: int = 0  # calls served eagerly to check for frozen Python values (`value_checks`)
 
 
 @dataclass(frozen=True)

@@ -67,3 +67,23 @@ def test_a_non_finite_loss_seen_by_ddpgraphs_monitor() -> None:
     assert status == 1, output[-3000:]
     line = marked("cpu_nan_monitor.py")["NON_FINITE_LOSS"][None]
     assert summary(report) == [("NON_FINITE_LOSS", [0, 1], line)]
+
+
+FROZEN_SCRIPTS = ["cpu_frozen_counter.py", "cpu_frozen_ramp.py", "cpu_frozen_global.py", "cpu_frozen_flag.py"]
+
+
+@pytest.mark.parametrize("name", FROZEN_SCRIPTS)
+def test_a_frozen_python_value_is_named_at_its_line(name: str) -> None:
+    """With the recording backend, whose replays run no Python: a counter, a ramp and a
+    global found in the warm-up, a flag flipped after capture by the check the doctor
+    turns on."""
+    status, report, output = run_doctor(name)
+    assert status == 1, output[-3000:]
+    line = marked(name)["FROZEN_PYTHON_VALUE"][None]
+    assert summary(report) == [("FROZEN_PYTHON_VALUE", [0, 1], line)], report["findings"]
+
+
+def test_a_correct_capture_step_loop_stays_clean_under_the_checks() -> None:
+    status, report, output = run_doctor("cpu_capture_step_clean.py")
+    assert status == 0, output[-3000:]
+    assert report["findings"] == [] and "step 30 loss" in output

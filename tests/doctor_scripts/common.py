@@ -8,7 +8,8 @@ doctor must name with a `# doctor: CODE` comment, which tests/gpu/test_doctor.py
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -83,4 +84,39 @@ def teardown(*graphs: torch.cuda.CUDAGraph) -> None:
     torch.cuda.synchronize()
     for graph in graphs:
         graph.reset()
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ portable capture_step scripts
+# The `cpu_` scripts that capture with `ddpgraph.capture_step`: CUDA graphs on a GPU, and
+# without one ddpgraph's CPU recording backend, whose replays run no Python either.
+
+
+def portable_backend() -> object:
+    """`capture_step(backend=...)` for this machine: None (CUDA graphs) or the CPU recorder."""
+    import ddpgraph
+
+    return None if torch.cuda.is_available() else ddpgraph.RecordingBackend()
+
+
+def toy_batches(device: torch.device, steps: int, size: int = 8) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` batches of 16 features whose class is the largest of the first 4."""
+    for _ in range(steps):
+        x = torch.randn(size, 16, device=device)
+        yield x, x[:, :4].argmax(1)
+
+
+def descend(opt: torch.optim.Optimizer, loss: torch.Tensor) -> torch.Tensor:
+    """The end of a training step: gradients of `loss`, one optimizer step; the loss, detached."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def finish(step: Any, loss: torch.Tensor, note: str = "") -> None:
+    """Rank 0 prints the final loss and the step's state; the step, then the group, close."""
+    if dist.get_rank() == 0:
+        print(f"final loss {loss.item():.4f} ({step.state.value}{note})")
+    step.close()
     dist.destroy_process_group()

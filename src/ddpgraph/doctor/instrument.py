@@ -35,6 +35,9 @@ from .recorder import Recorder
 from .threads import ThreadWatch
 
 # ddpgraph's modules whose decisions the doctor reports (imported before the script runs).
+# Calls between two checks of a captured step's Python values under the doctor
+# (`capture_step(verify_every=...)`): often, since a diagnosis may cost eager steps.
+CHECK_EVERY = 5
 _DDPGRAPH_MODULES = ("ddpgraph.fallback", "ddpgraph.capture", "ddpgraph.strategies.evaluation", "ddpgraph.training.monitor")
 
 
@@ -92,16 +95,28 @@ class Instrumentation:
     def _watch_ddpgraph(self) -> None:
         modules = [importlib.import_module(name) for name in _DDPGRAPH_MODULES]
         fallback, monitor = modules[0], modules[-1]
-        gave_up = fallback.fall_back
-        for module in [m for name, m in list(sys.modules.items()) if name.startswith("ddpgraph.")]:
-            if getattr(module, "fall_back", None) is gave_up:
-                self._undo.append(_wrap(module, "fall_back", self._fall_back))
+        ours = [m for name, m in list(sys.modules.items()) if name.startswith("ddpgraph.")]
+        for name, wrapper in (("fall_back", self._fall_back), ("capture_again", self._capture_again)):
+            original = getattr(fallback, name)
+            for module in ours:
+                if getattr(module, name, None) is original:
+                    self._undo.append(_wrap(module, name, wrapper))
         self._undo.append(_wrap(fallback.UnservedCalls, "admit", self._admit))
         self._undo.append(_wrap(monitor, "nonfinite_finding", self._nonfinite))
+        # A captured step checks its Python values after capture too (a flag the script
+        # sets later): the doctor asks every step to, as often as `CHECK_EVERY`.
+        checks = importlib.import_module("ddpgraph.value_checks")
+        checks.doctor_interval(CHECK_EVERY)
+        self._undo.append(lambda: checks.doctor_interval(None))
 
     def _fall_back(self, original: Callable[..., Any], finding: Any, *args: Any, **kwargs: Any) -> Any:
         where = user_location()
         self._safely("ddpgraph fall_back", lambda: self.recorder.ddpgraph_gave_up(finding, where))
+        return original(finding, *args, **kwargs)
+
+    def _capture_again(self, original: Callable[..., Any], finding: Any, *args: Any, **kwargs: Any) -> Any:
+        where = user_location()
+        self._safely("ddpgraph capture_again", lambda: self.recorder.ddpgraph_captured_again(finding, where))
         return original(finding, *args, **kwargs)
 
     def _admit(self, original: Callable[..., Any], unserved: Any, finding: Any, *args: Any, **kwargs: Any) -> Any:

@@ -299,6 +299,11 @@ class Recorder:
             return  # the failed capture itself was diagnosed here already
         self.add(Finding(finding.code, finding.happened, finding.fix, finding.subject, finding.location or where))
 
+    def ddpgraph_captured_again(self, finding: Finding, where: Location | None) -> None:
+        """A ddpgraph step captured again: a finding when its graph replayed a frozen value."""
+        if finding.code is Code.FROZEN_PYTHON_VALUE:
+            self.ddpgraph_gave_up(finding, where)
+
     def unserved_call(self, finding: Finding, where: Location | None) -> None:
         """A call a ddpgraph step's graph could not serve ran eagerly."""
         previous = self._unserved.get(finding.code)

@@ -21,7 +21,13 @@ that would make Dynamo recompile are either seen by `capture_step` (input shapes
 dtypes, constants; the model's train/eval mode) or by this step (a submodule's
 train/eval mode, a parameter's `requires_grad`, a parameter replaced), and those calls
 run eagerly, where Dynamo recompiles as usual. Other Python state that `forward` reads
-(flags, attributes) is frozen into the graph, exactly as without compiling.
+(flags, attributes) is what Dynamo's guards hold: the calls `capture_step` watches for
+frozen Python values (`value_checks`: the last warm-up calls, and every
+`verify_every`-th call after capture) run the compiled code, so that its guards are
+evaluated, and a guard that fails in one of them is a FROZEN_PYTHON_VALUE finding
+(`python_values.guard_finding`) agreed on like any other; in the probe step it first
+restarts the settling, like any compile there, and stands once the restarts are spent.
+A replay between two checks evaluates no guard.
 """
 
 from __future__ import annotations

@@ -1,0 +1,263 @@
+"""Frozen Python values in one process: what `python_values.ValueWatch` keeps of a call,
+and `capture_step`'s warm-up watch and `verify_every` check on a one-process DDP model
+(tests/dist/test_frozen_gloo.py runs the same across processes)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ddpgraph
+from ddpgraph import Code, StepState
+from ddpgraph.errors import DdpGraphUsageError
+from ddpgraph.python_values import ValueWatch, frozen_finding, guard_finding, watching
+from ddpgraph.recording import RecordingBackend
+from ddpgraph.value_checks import check_interval, doctor_interval
+
+
+def _watch(fn: Any, reference: ValueWatch | None = None, model: nn.Module | None = None) -> ValueWatch:
+    with watching(ValueWatch(reference.trace if reference else None), model) as watch:
+        fn()
+    return watch
+
+
+# ------------------------------------------------------------------ one call
+def test_a_python_number_is_kept_and_a_tensor_is_not() -> None:
+    x, other = torch.ones(3), torch.zeros(3)
+    first = _watch(lambda: x * 0.5 + torch.ones(3))
+    same = _watch(lambda: (x + 1.0) * 0.5 + torch.ones(3), first)
+    assert same.divergence is not None  # another sequence of functions
+    again = _watch(lambda: other * 0.5 + torch.ones(3), first)
+    assert again.divergence is None  # other tensors, the same Python values
+    changed = _watch(lambda: x * 0.25 + torch.ones(3), first)
+    assert changed.divergence is not None and changed.divergence.index == 0
+
+
+def test_the_first_difference_names_the_users_line() -> None:
+    scale = {"v": 1.0}
+
+    def step() -> torch.Tensor:
+        y = torch.ones(2) + 1
+        return y * scale["v"]  # the line
+
+    first = _watch(step)
+    scale["v"] = 2.0
+    second = _watch(step, first)
+    where = second.divergence.location if second.divergence else None
+    assert where is not None and where.source.endswith("# the line") and where.filename == __file__
+    finding = frozen_finding(second.divergence, [], when="in two calls", later="a replay repeats one")  # type: ignore[arg-type]
+    assert finding.code is Code.FROZEN_PYTHON_VALUE
+    assert "`torch.Tensor.mul`" in finding.happened and "1, 2 in two calls" in finding.happened
+
+
+def test_nan_constants_and_generators_do_not_differ() -> None:
+    gen = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        torch.full((2,), math.nan).masked_fill(torch.tensor([True, False]), -math.inf)
+        torch.randn(2, generator=gen)
+
+    first = _watch(step)
+    assert _watch(step, first).divergence is None
+
+
+def test_a_value_made_into_a_tensor_in_the_step_is_seen() -> None:
+    value = {"v": 3}
+    first = _watch(lambda: torch.ones(2) * torch.tensor(float(value["v"])))
+    value["v"] = 4
+    assert _watch(lambda: torch.ones(2) * torch.tensor(float(value["v"])), first).divergence is not None
+
+
+def test_optimizer_steps_and_profiler_ranges_leave_one_mark() -> None:
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    names = iter(range(10))
+
+    def step() -> None:
+        with torch.profiler.record_function(f"step {next(names)}"):
+            model(torch.ones(1, 4)).sum().backward()
+            opt.step()
+
+    first = _watch(step)
+    opt.param_groups[0]["lr"] = 0.01  # a scheduler's change: `step_optimizers`' to follow
+    second = _watch(step, first)
+    assert second.divergence is None
+    assert [e for e in second.trace.entries if "SGD" in repr(e[0])]
+
+
+def test_a_compiled_module_runs_compiled_under_the_watch() -> None:
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    model.compile(backend="eager")
+    model(torch.ones(2, 4))
+    from ddpgraph.strategies.dynamo import compile_count
+
+    before = compile_count()
+    _watch(lambda: model(torch.ones(2, 4)), model=model)
+    assert compile_count() == before  # the mode stepped out: no guard failed, nothing compiled
+    torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------ capture_step
+def _counting_step(run: Any, state: dict[str, Any]) -> Any:
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        state["n"] += 1
+        run.optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(run.model(x), y) * (1.0 / state["n"])  # frozen
+        loss.backward()
+        run.optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def test_a_counter_is_refused_at_the_probe_and_nothing_is_lost(make_run, batches, same) -> None:
+    data = batches(16)
+    ref, ref_state = make_run(graph_safe=True), {"n": 0}
+    ref_losses = ref.train(data, call=lambda x, y: _with(ref, _counting_step(ref, ref_state), x, y)).losses
+    run, state = make_run(), {"n": 0}
+    step = ddpgraph.capture_step(_counting_step(run, state), model=run.model, optimizer=run.optimizer, backend=RecordingBackend())
+    with pytest.warns(ddpgraph.DdpGraphWarning, match="FROZEN_PYTHON_VALUE"):
+        trace = run.train(data, call=step)
+    assert step.state is StepState.EAGER and step.reason is not None
+    assert step.reason.code is Code.FROZEN_PYTHON_VALUE
+    assert step.reason.location is not None and step.reason.location.source.endswith("# frozen")
+    assert trace.states == ["warmup"] * 10 + ["eager"] * 6
+    assert state["n"] == ref_state["n"] == 16
+    assert trace.losses == ref_losses and same(run.params(), ref.params())
+
+
+def _with(run: Any, fn: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    assert run.safe is not None
+    with run.safe.installed():
+        return fn(x, y)  # type: ignore[no-any-return]
+
+
+def test_a_step_with_python_state_it_never_passes_stays_captured(make_run, batches) -> None:
+    run = make_run(fused=True)
+    calls = {"n": 0}
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] % 1000 == 0:  # host-side bookkeeping, no torch call
+            calls["last"] = calls["n"]
+        return run.step(x, y)
+
+    captured = ddpgraph.capture_step(step, model=run.model, optimizer=run.optimizer, backend=RecordingBackend(), verify_every=3)
+    run.train(batches(24), call=captured)
+    assert captured.state is StepState.CAPTURED and captured.reason is None
+    assert captured.stats.value_checks == 4 and captured.stats.captures == 1
+
+
+def test_a_flag_flipped_after_capture_is_caught_and_captured_again(make_run, batches, same) -> None:
+    data = batches(24)
+    flags = {"aux": False}
+
+    def make(run: Any) -> Any:
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            run.optimizer.zero_grad(set_to_none=True)
+            out = run.model(x)
+            loss = F.cross_entropy(out, y)
+            if flags["aux"]:
+                loss = loss + out.pow(2).mean()  # the branch
+            loss.backward()
+            run.optimizer.step()
+            return loss.detach()
+
+        return step
+
+    def flip(i: int) -> None:
+        flags["aux"] = i >= 16
+
+    ref = make_run(graph_safe=True, fused=True)
+    ref_fn = make(ref)
+    ref.train(data, call=lambda x, y: _with(ref, ref_fn, x, y), before=flip)
+    flags["aux"] = False
+    run = make_run(fused=True)
+    step = ddpgraph.capture_step(make(run), model=run.model, optimizer=run.optimizer, backend=RecordingBackend(), verify_every=5)
+    with pytest.warns(ddpgraph.DdpGraphWarning, match="captured again"):
+        trace = run.train(data, call=step, before=flip)
+    # Captured on call 12, checked on call 17 (i=16), when the flag flips: that call ran
+    # eagerly, the next one warmed up again and the one after captured.
+    assert trace.states == ["warmup"] * 11 + ["captured"] * 6 + ["warmup"] + ["captured"] * 6
+    assert [f.code for f in step.findings] == [Code.FROZEN_PYTHON_VALUE]
+    where = step.findings[0].location
+    assert where is not None and where.source.endswith("# the branch")
+    assert step.stats.captures == 2 and step.reason is None
+    assert same(run.params(), ref.params())
+
+
+def test_on_failure_raise_gives_up_instead(make_run, batches) -> None:
+    run = make_run(fused=True)
+    state = {"scale": 1.0}
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        run.optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(run.model(x), y) * state["scale"]
+        loss.backward()
+        run.optimizer.step()
+        return loss.detach()
+
+    captured = ddpgraph.capture_step(
+        step, model=run.model, optimizer=run.optimizer, backend=RecordingBackend(), verify_every=2, on_failure="raise"
+    )
+    data = batches(20)
+    for x, y in data[:14]:
+        captured(x, y)
+    state["scale"] = 0.5
+    captured(*data[14])  # call 15: replayed with the old scale
+    captured(*data[15])  # call 16: the check
+    with pytest.raises(ddpgraph.DdpGraphError, match="FROZEN_PYTHON_VALUE"):
+        captured(*data[16])
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "100"])
+def test_verify_every_must_be_a_positive_int(make_run, bad: object) -> None:
+    run = make_run()
+    with pytest.raises(DdpGraphUsageError, match="verify_every"):
+        ddpgraph.capture_step(run.step, model=run.model, optimizer=run.optimizer, backend=RecordingBackend(), verify_every=bad)  # type: ignore[arg-type]
+
+
+def test_the_doctor_checks_every_step_at_its_own_interval() -> None:
+    assert check_interval(None) is None and check_interval(50) == 50
+    doctor_interval(5)
+    try:
+        assert check_interval(None) == 5 and check_interval(50) == 5 and check_interval(2) == 2
+    finally:
+        doctor_interval(None)
+
+
+def test_a_guard_that_fails_under_the_watch_is_the_finding() -> None:
+    """A compiled forward's Python reads are Dynamo's guards: under the watch the compiled
+    code runs, so a guard that fails there is seen, with the line it guards. (The
+    whole `compile=True` flow runs on the GPU, tests/gpu/test_frozen_gpu.py: on CPU
+    the recording backend's dispatch mode keeps Dynamo out of the recorded frames for
+    good, and the stand-in's replays run the forward.)"""
+    torch._dynamo.reset()
+
+    class Gained(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.gain = 1.0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.a(x)) * self.gain  # guarded
+
+    model = Gained()
+    model.compile(backend="eager")
+    model(torch.ones(2, 4))
+    first = _watch(lambda: model(torch.ones(2, 4)), model=model)
+    assert first.trace.guard_failures == []
+    model.gain = 0.5
+    second = _watch(lambda: model(torch.ones(2, 4)), first, model=model)
+    assert second.divergence is None  # the compiled forward is not traced by the watch
+    finding = guard_finding(second.trace.guard_failures, when="at call 2", later="captured again")
+    assert finding.code is Code.FROZEN_PYTHON_VALUE and "`self.gain == 1.0`" in finding.happened
+    assert finding.location is not None and finding.location.source.endswith("# guarded")
+    torch._dynamo.reset()
