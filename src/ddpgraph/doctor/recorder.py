@@ -270,23 +270,7 @@ class Recorder:
             found = graph.input_named(key) if graph.versions is not None else None
             if found is None:
                 continue
-            shape = "x".join(str(s) for s in value.shape) or "scalar"
-            self._failed_writes.append(
-                (
-                    error,
-                    Finding(
-                        Code.STATIC_INPUT_CHANGED,
-                        f"a tensor of shape {shape} was written into {found.label}, an input "
-                        f"of {graph.where()}, where it does not fit "
-                        f"({'x'.join(str(s) for s in written_shape) or 'scalar'} expected)",
-                        "a graph replays the shapes it was captured with: keep every batch the "
-                        "same shape (`drop_last=True` in the DataLoader) and run an odd batch "
-                        "eagerly, or capture one graph per shape",
-                        subject="graph input",
-                        location=where,
-                    ),
-                )
-            )
+            self._failed_writes.append((error, _misfit_write(found.label, graph.where(), value, written_shape, where)))
             return
 
     # ------------------------------------------------------------------ ddpgraph's own steps
@@ -358,3 +342,20 @@ class Recorder:
             raised_by_cuda(error) or any(link is e for link in chain for e in self._cuda_errors)
         )
         self.add(script_error_finding(error, input_write=write, needs_gpu=no_gpu))
+
+
+def _misfit_write(
+    label: str, graph: str, value: torch.Tensor, written_shape: tuple[int, ...], where: Location | None
+) -> Finding:
+    """STATIC_INPUT_CHANGED: `value` did not fit the part of graph input `label` written."""
+    shape = "x".join(str(s) for s in value.shape) or "scalar"
+    return Finding(
+        Code.STATIC_INPUT_CHANGED,
+        f"a tensor of shape {shape} was written into {label}, an input of {graph}, where it "
+        f"does not fit ({'x'.join(str(s) for s in written_shape) or 'scalar'} expected)",
+        "a graph replays the shapes it was captured with: keep every batch the "
+        "same shape (`drop_last=True` in the DataLoader) and run an odd batch "
+        "eagerly, or capture one graph per shape",
+        subject="graph input",
+        location=where,
+    )
