@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from . import ddp as ddp_tools
 from .agreement import Action, Outcome
 from .backends import CapturedGraph, CaptureError, CudaGraphBackend
-from .diagnose import finding_from_capture_error
+from .diagnose import finding_from_capture_error, raised_by_step, step_raised_finding
 from .distributed import current_rank
 from .inputs import Signature, StaticInputs, leaf_paths
 from .probe import host_sync_probe
@@ -55,18 +55,29 @@ def record_attempt(step: CaptureEngine[Any], leaves: list[Any], spec: Any, pool:
 
     extra = {"generators": list(step._options.generators)} if step._options.generators else {}
     outcome = Outcome(current_rank(), True)
+    raised: BaseException | None = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with step._policy_running("capture"):
                 graph = backend.capture(record, stream=step._stream, pool=pool, **extra)
         except CaptureError as err:
-            finding = step._policy_explain(finding_from_capture_error(err, [str(w.message) for w in caught], syncs))
             stuck = not ddp_tools.reducer_finalized(step._model)
-            outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
+            if raised_by_step(err):
+                raised = err.cause
+                finding = step_raised_finding(err.cause, step.stats.calls)  # type: ignore[arg-type]
+                outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.RAISE, step_raised=True)
+            else:
+                finding = step._policy_explain(finding_from_capture_error(err, [str(w.message) for w in caught], syncs))
+                outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
+        except BaseException:
+            # An interrupt or an exit in the step: it propagates at once, on this rank
+            # alone (the process is ending), with the training state as before the call.
+            after_failure()
+            raise
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return Attempt(graph, static, outcome, after_stand_in, after_failure, time.perf_counter() - start)
+    return Attempt(graph, static, outcome, after_stand_in, after_failure, time.perf_counter() - start, raised)
 
 
 def hold(step: CaptureEngine[Any], attempt: Attempt, buffer_sync: bool, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Captured:

@@ -34,9 +34,10 @@ from .distributed import current_rank
 from .errors import DdpGraphUsageError
 from .family_capture import FamilySteps
 from .findings import Code, Finding
+from .grad_sync import GradSyncWatch
 from .inputs import check_supported, leaf_paths, stage_leaves
 from .integrations.accelerate import unwrap_optimizers
-from .options import CaptureOptions
+from .options import CaptureOptions, as_optimizers
 from .param_guard import ParamLayout
 from .parity import ParityRun
 from .probe import host_sync_probe
@@ -70,14 +71,15 @@ class CapturedStep(FamilySteps[R]):
     Call it like the function it wraps. Build it with `capture_step`.
     """
 
-    def __init__(self, fn: Callable[..., R], *, model: nn.Module, optimizers: Sequence[Optimizer], options: CaptureOptions) -> None:
+    def __init__(
+        self, fn: Callable[..., R], *, model: nn.Module, optimizers: Optimizer | Sequence[Optimizer] | None, options: CaptureOptions
+    ) -> None:
         super().__init__(fn, model, options, shared=has_peers(model))
-        # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
-        inner, wrapper_refusal = unwrap_optimizers(optimizers)
-        self._optim = StepOptimizers(inner, self._device)
+        self._optim = StepOptimizers([], self._device)
         self._generators = list(options.generators)
         self._restorables: list[Restorable] = [options.scaler] if options.scaler is not None else []
         self._counter = ddp_tools.forward_counter(model)
+        self._grad_sync = GradSyncWatch(model)
         self._probed = False
         self._per_step = 1
         self._gate_open = True
@@ -89,9 +91,12 @@ class CapturedStep(FamilySteps[R]):
         self._watchdog: ReplayWatchdog | None = None
         # Everything that can be wrong on one rank only is found before the agreement,
         # and nothing is changed before it: a usage error makes every rank raise.
-        usage = refusal = None
+        usage = refusal = wrapper_refusal = None
         try:
             options.check()
+            # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
+            inner, wrapper_refusal = unwrap_optimizers(as_optimizers(optimizers))
+            self._optim = StepOptimizers(inner, self._device)
             self._capture_after = self._validate_warmup(options.warmup_steps)
             self._backend, self._stream, refusal = choose_backend(model, self._device, options.backend, options.stream)
             if refusal is None and self._backend is not None:
@@ -138,7 +143,13 @@ class CapturedStep(FamilySteps[R]):
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if self._watchdog is not None:
             self._watchdog.check()  # raises on every call after a replay timed out
+            self._watchdog.calls = self.stats.calls + 1
         return super().__call__(*args, **kwargs)
+
+    def _policy_peer_progress(self) -> str:
+        if self._watchdog is None:
+            return super()._policy_peer_progress()
+        return self._watchdog.board.describe_others()
 
     def hold(self) -> None:
         """Keep warming up without probing or capturing until `release` (the compile
@@ -172,7 +183,7 @@ class CapturedStep(FamilySteps[R]):
     # ----------------------------------------------------------------- warm-up and capture
     def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         if self.stats.warmup_steps == 0:
-            check_supported(args, kwargs)
+            self._agree_arguments(args, kwargs)
         due = self._gate_open and self.stats.warmup_steps + 1 >= self._capture_after
         if due and self._probed:
             return self._capture_call(args, kwargs, leaves, spec)
@@ -180,6 +191,19 @@ class CapturedStep(FamilySteps[R]):
             return self._probe(args, kwargs, leaves, spec)
         self.stats.warmup_steps += 1
         return self._eager(leaves, spec)
+
+    def _agree_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The first call's arguments, checked before it runs and agreed on: one that
+        ddpgraph cannot look inside, on any rank, makes every rank raise on this call."""
+        usage: Finding | None = None
+        try:
+            check_supported(args, kwargs)
+        except DdpGraphUsageError as err:
+            usage = err.finding
+        found = [usage] if usage is not None else []
+        decision = self._decide(Outcome(current_rank(), not found, found, usage_error=bool(found)))
+        if decision.usage_error:
+            raise DdpGraphUsageError(decision.summary())
 
     def _probe(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         """The last warm-up step, watched: host syncs, hyper-parameters it changes, its
@@ -197,6 +221,8 @@ class CapturedStep(FamilySteps[R]):
         # A synchronisation inside a library is left to the capture to judge: libraries
         # that test for a capture skip it there (see `ProbeResult.findings`).
         findings = self._optim.changed_by_step(hyper) + probe.findings(defer_library=True) + watch.findings()
+        if self._grad_sync.finding is not None:  # this call or an earlier warm-up call
+            findings.insert(0, self._grad_sync.finding)
         self._library_syncs = probe.deferred()
         if self._library_syncs:
             log.info("a library synchronised in the probe step; the capture will tell: %s", self._library_syncs[0].format())
@@ -224,6 +250,7 @@ class CapturedStep(FamilySteps[R]):
             self.stats.warmup_steps += 1
             return self._eager(leaves, spec)
         self._optim.prepare()  # a param group added during warm-up gets its tensor lr
+        self._grad_sync.before_call()
         return self._record_call(args, kwargs, leaves, spec)
 
     def _recordable_now(self) -> bool:
@@ -231,6 +258,18 @@ class CapturedStep(FamilySteps[R]):
         return not ddp_tools.buffer_sync_skipped(self._model) and (
             self._counter is None or step_is_capturable(forwards, self._per_step)
         )
+
+    def _policy_recording_problem(self) -> Finding | None:
+        # The recording ran the step's Python, and so DDP's forward hooks.
+        return self._grad_sync.after_call(self.stats.calls)
+
+    def _eager(self, leaves: list[Any], spec: Any) -> R:
+        self._grad_sync.before_call()
+        out = super()._eager(leaves, spec)
+        finding = self._grad_sync.after_call(self.stats.calls)
+        if finding is not None:  # in warm-up, the probe step's agreement refuses it
+            self.report(Report(finding, Action.EAGER))
+        return out
 
     def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
         return failed_capture_undo([self._model], self._optim.optimizers, self._restorables, self._generators)
@@ -291,6 +330,9 @@ class CapturedStep(FamilySteps[R]):
         self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
     ) -> Report | None:
         assert self._layout is not None
+        unsynced = self._grad_sync.entered_unsynced(self.stats.calls)
+        if unsynced is not None:
+            return Report(unsynced, Action.EAGER)
         report = self._layout.check() or self._optim.check(self._options.on_failure)
         if report is None and self._options.on_input_change == "raise":
             changed = unservable(record, self._model, args, kwargs, leaves, spec)
@@ -325,6 +367,7 @@ class CapturedStep(FamilySteps[R]):
         self._optim.forget()
         self._layout = None
         self._probed = False
+        self._grad_sync.reset()
         self._capture_after = self.stats.warmup_steps + 1
         self._setup_refusal = self._optim.prepare()
 

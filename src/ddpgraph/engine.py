@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import torch
 from torch import nn
@@ -44,6 +44,7 @@ from .family import GraphFamily, shared_pool
 from .findings import Code, Finding
 from .inputs import flatten_call
 from .options import CaptureOptions
+from .peers import collective_failed, stopped_finding
 from .step_record import Captured, Report, StepState, StepStats
 from .streams import can_run_graphs
 
@@ -86,11 +87,17 @@ class CaptureEngine(Generic[R]):
     # ----------------------------------------------------------------- surface
     @property
     def state(self) -> StepState:
+        """What runs: `eager` from the call on which this rank reported a change the
+        graph cannot follow, while the ranks have yet to decide on it."""
+        if self._pending is not None and self._state is StepState.CAPTURED:
+            return StepState.EAGER
         return self._state
 
     @property
     def reason(self) -> Finding | None:
         """Why the step is not (or no longer) captured; None while all is well."""
+        if self._pending is not None and self._state is StepState.CAPTURED:
+            return self._awaiting(self._pending.finding)
         return self._reason
 
     @property
@@ -157,15 +164,33 @@ class CaptureEngine(Generic[R]):
         self.close()
 
     def __repr__(self) -> str:
-        reason = f", reason={self._reason.code.value}" if self._reason else ""
-        return f"{type(self).__name__}(state={self._state.value}, backend={self.backend_name}{reason})"
+        reason = f", reason={self.reason.code.value}" if self.reason else ""
+        return f"{type(self).__name__}(state={self.state.value}, backend={self.backend_name}{reason})"
+
+    def _awaiting(self, finding: Finding) -> Finding:
+        """A reported finding as `reason` gives it until the ranks decide on it."""
+        decided_at = self.stats.calls + max(1, self._every - self._since_decision)
+        return replace(
+            finding,
+            happened=f"{finding.happened}; this rank runs the step eagerly until the ranks decide together, at call {decided_at}",
+        )
 
     # ----------------------------------------------------------------- the decision point
     def _decide(self, outcome: Outcome) -> Decision:
         """The one place where ranks agree; every transition below follows its answer."""
         if not self._shared:
             return Decision([outcome])
-        return agree(outcome, self._group, self._device)
+        try:
+            return agree(outcome, self._group, self._device)
+        except RuntimeError as err:
+            self._raise_if_stopped(err, "the agreement of the ranks")
+            raise
+
+    def _raise_if_stopped(self, err: RuntimeError, waited_in: str) -> None:
+        """A collective of this call that failed for want of a peer is raised again as
+        RANK_STOPPED, naming who stopped (`peers`); any other error is left alone."""
+        if collective_failed(err):
+            raise DdpGraphError(stopped_finding(err, waited_in, self.stats.calls, self._policy_peer_progress())) from err
 
     def _outcome(self, findings: list[Finding], action: Action = Action.EAGER, forwards: int = 0, forwards_per_step: int = 0) -> Outcome:
         return Outcome(current_rank(), not findings, findings, forwards, forwards_per_step, action=action if findings else Action.CONTINUE)
@@ -209,7 +234,11 @@ class CaptureEngine(Generic[R]):
         return self._replay(record, leaves)
 
     def _replay(self, record: Captured, leaves: list[Any]) -> R:
-        outputs: R = record.recording.replay(leaves)
+        try:
+            outputs: R = record.recording.replay(leaves)
+        except RuntimeError as err:  # a replay that waits on the host (the CPU backends)
+            self._raise_if_stopped(err, f"replay {self.stats.replays + 1}")
+            raise
         self._family.replayed(record)
         self._policy_after_replay(record)
         self.stats.replays += 1
@@ -239,7 +268,11 @@ class CaptureEngine(Generic[R]):
         call's step) or put everything back and continue eagerly, on every rank."""
         buffer_sync = ddp_tools.will_sync_buffers(self._model)
         restore_forward_sync = ddp_tools.keep_forward_sync(self._model)
-        attempt = record_attempt(self, leaves, spec, self._options.pool)
+        try:
+            attempt = record_attempt(self, leaves, spec, self._options.pool)
+        except BaseException:  # an interrupt or an exit (`record_attempt`)
+            restore_forward_sync()
+            raise
         graph, outcome = attempt.graph, attempt.outcome
         if graph is not None:
             problem = self._policy_recording_problem()
@@ -263,14 +296,36 @@ class CaptureEngine(Generic[R]):
             # buckets, with a collective.
             ddp_tools.reset_reducer(self._model)
         attempt.after_failure()
+        if decision.step_raised:
+            self._raise_agreed(decision, attempt.raised)
         self._give_up(self._summarise(decision))
         self.stats.eager_steps += 1
         return self._eager(leaves, spec)
 
+    def _raise_agreed(self, decision: Decision, raised: BaseException | None) -> NoReturn:
+        """The step raised while it was recorded, on some rank: every rank raises on this
+        call, the rank whose step raised its own exception, as its eager step would have,
+        the others the finding that names it (none waits for it in a collective), with the
+        training state put back as before the call. The next call records again, unless
+        a reducer had to be reset: its next steps rebuild buckets, which no graph can hold,
+        so the step runs eagerly from then on."""
+        summary = self._summarise(decision)
+        if decision.reducer_needs_reset:
+            self._reason = summary
+            self._state = StepState.EAGER
+            self._drop_record()
+        if raised is not None:
+            raise raised
+        raise DdpGraphError(summary)
+
     # ----------------------------------------------------------------- shared pieces
     def _eager(self, leaves: list[Any], spec: Any) -> R:
         with self._policy_running("eager"):
-            return run_eager_call(self._fn, leaves, spec, self._device, self._stream)
+            try:
+                return run_eager_call(self._fn, leaves, spec, self._device, self._stream)
+            except RuntimeError as err:
+                self._raise_if_stopped(err, "an eager step's collective")
+                raise
 
     def _summarise(self, decision: Decision) -> Finding:
         self._findings = decision.findings
@@ -346,3 +401,7 @@ class CaptureEngine(Generic[R]):
 
     def _policy_close(self) -> None:
         pass
+
+    def _policy_peer_progress(self) -> str:
+        """What the other ranks last published about their calls (`peers.PeerBoard`)."""
+        return "the other ranks' progress is unknown"

@@ -175,6 +175,7 @@ class ReplayWatchdog:
         self.checkpoint_wait_s = checkpoint_wait_s if checkpoint_wait_s is not None else wait
         self.replays = 0
         self.finished = 0
+        self.calls: int | None = None  # the step's calls, set by the step, published with the replays
         self.failure: Finding | None = None
         self.reported: list[Finding] = []
         self.aborted_with = ""
@@ -233,6 +234,9 @@ class ReplayWatchdog:
     def close(self) -> None:
         """Stop watching. After an abort the exit deadline stays: the process must end."""
         self._stop.set()
+        if self.calls is not None and self.failure is None:
+            # The last counts, for a peer that waits for this rank after it stopped.
+            self.board.publish(self.replays, self.finished, calls=self.calls)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread() and self.failure is None:
             thread.join(timeout=max(1.0, 4 * self.poll_s))
@@ -247,7 +251,7 @@ class ReplayWatchdog:
             self._retire(now)
         finally:
             self._quiet.release()
-        self.board.maybe_publish(self.replays, self.finished, now)
+        self.board.maybe_publish(self.replays, self.finished, now, self.calls)
         if not self._pending or self.timeout_s is None:
             return False
         replay, launched, _ = self._pending[0]
@@ -394,4 +398,8 @@ def watch_replays(
         timeout: float | None = None
     else:
         timeout = groups.timeout_s(group) if replay_timeout == "group" else float(replay_timeout)
-    return ReplayWatchdog(timeout, on_replay_timeout, step_name, group, device=device)
+    # A step without a process group has no peers to tell, and takes no board index:
+    # another rank may have no such step (an EMA model on one rank), and the index must
+    # name the same step on every rank.
+    board = NoBoard() if group is None else None
+    return ReplayWatchdog(timeout, on_replay_timeout, step_name, group, device=device, board=board)
