@@ -35,7 +35,7 @@ from .errors import DdpGraphUsageError
 from .family_capture import FamilySteps
 from .findings import Code, Finding
 from .grad_sync import GradSyncWatch
-from .inputs import check_supported, leaf_paths, stage_leaves
+from .inputs import check_supported, stage_leaves, unflatten_call
 from .integrations.accelerate import unwrap_optimizers
 from .options import CaptureOptions, as_optimizers
 from .param_guard import ParamLayout
@@ -211,9 +211,10 @@ class CapturedStep(FamilySteps[R]):
         before = self._counter.count if self._counter else 0
         hyper = self._optim.hyperparameters()
         staged = stage_leaves(leaves, self._device)
-        watch = ProbeWatch(staged, leaf_paths(args, kwargs), self._optim.optimizers)
+        call = (args, kwargs) if staged is leaves else unflatten_call(staged, spec)
+        watch = ProbeWatch(self._fn, call, self._optim.optimizers)
         with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe, watch.watching():
-            out = self._eager(staged, spec)
+            out = self._eager(staged, spec, call)
         self.stats.warmup_steps += 1
         self._probed = True
         # A hyper-parameter the step changed comes first: a scheduler stepped inside the
@@ -263,9 +264,9 @@ class CapturedStep(FamilySteps[R]):
         # The recording ran the step's Python, and so DDP's forward hooks.
         return self._grad_sync.after_call(self.stats.calls)
 
-    def _eager(self, leaves: list[Any], spec: Any) -> R:
+    def _eager(self, leaves: list[Any], spec: Any, call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> R:
         self._grad_sync.before_call()
-        out = super()._eager(leaves, spec)
+        out = super()._eager(leaves, spec, call)
         finding = self._grad_sync.after_call(self.stats.calls)
         if finding is not None:  # in warm-up, the probe step's agreement refuses it
             self.report(Report(finding, Action.EAGER))

@@ -83,6 +83,7 @@ class CaptureEngine(Generic[R]):
         self._stream: torch.cuda.Stream | None = None
         self._unserved = UnservedCalls(options.on_input_change)
         self._force_eager = False
+        self._given: tuple[tuple[Any, ...], dict[str, Any], list[Any]] | None = None  # this call's own arguments
 
     # ----------------------------------------------------------------- surface
     @property
@@ -139,6 +140,7 @@ class CaptureEngine(Generic[R]):
             raise DdpGraphError(Finding(Code.STEP_CLOSED, "this step was closed", subject=self.subject))
         self.stats.calls += 1
         leaves, spec = flatten_call(args, kwargs)
+        self._given = (args, kwargs, leaves)
         if self._state is StepState.CAPTURED:
             return self._serve(args, kwargs, leaves, spec)
         if self._state is StepState.EAGER:
@@ -319,10 +321,13 @@ class CaptureEngine(Generic[R]):
         raise DdpGraphError(summary)
 
     # ----------------------------------------------------------------- shared pieces
-    def _eager(self, leaves: list[Any], spec: Any) -> R:
+    def _eager(self, leaves: list[Any], spec: Any, call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> R:
+        given = self._given
+        if call is None and given is not None and given[2] is leaves:
+            call = given[0], given[1]
         with self._policy_running("eager"):
             try:
-                return run_eager_call(self._fn, leaves, spec, self._device, self._stream)
+                return run_eager_call(self._fn, leaves, spec, self._device, self._stream, call)
             except RuntimeError as err:
                 self._raise_if_stopped(err, "an eager step's collective")
                 raise
