@@ -28,7 +28,14 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("command", [["demo", "--cpu"], ["bench", "--cpu", "--model", "gpt"]], ids=["demo", "bench"])
+HANG = str(Path(__file__).parent.parent / "doctor_scripts" / "cpu_hang.py")  # both ranks hang in a collective
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["demo", "--cpu"], ["bench", "--cpu", "--model", "gpt"], ["doctor", "--nproc", "2", "--timeout", "300", HANG]],
+    ids=["demo", "bench", "doctor"],
+)
 def test_ctrl_c_stops_the_whole_job_and_prints_one_line(command: list[str]) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddpgraph", *command], env=torchrun_env(),
@@ -54,4 +61,5 @@ def test_ctrl_c_stops_the_whole_job_and_prints_one_line(command: list[str]) -> N
     assert proc.returncode == 130, err[-3000:]
     assert [p for p in job if alive(p)] == []
     assert "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1].startswith("ddpgraph: interrupted; stopped the job's"), err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"ddpgraph{'' if command[0] != 'doctor' else ' doctor'}: interrupted"), err[-3000:]

@@ -81,8 +81,8 @@ def run_script(
             timed_out = True
             stuck_at = _ask_for_stacks(directory, nproc, script)
             stop_job(proc, _STOP_WAIT_S)
-        except BaseException:
-            stop_job(proc, _STOP_WAIT_S)
+        except BaseException:  # Ctrl-C: the job goes too, and torchrun reports nothing
+            stop_job(proc, _STOP_WAIT_S, quiet=True)
             raise
         records = read_records(directory, nproc)
     finally:
