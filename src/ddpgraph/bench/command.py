@@ -330,8 +330,9 @@ def publish(report: Report, json_path: str | None, plot_path: str | None) -> Non
         if (plot_varlen if is_varlen(report) else plot_speedups)(report, plot_path):
             out.print(f"Plot written to {plot_path}")
         else:
-            print(
-                f"{plot_path} has no lines: nothing was captured (an eager row's speedup is "
-                "noise), or eager DDP did not run.",
-                file=sys.stderr,
+            why = (
+                "without CUDA the captures are emulated on CPU, whose times are no GPU speed-up"
+                if report.emulated
+                else "nothing was captured (an eager row's speedup is noise), or eager DDP did not run"
             )
+            print(f"{plot_path} has no lines: {why}.", file=sys.stderr)
