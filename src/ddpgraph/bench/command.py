@@ -48,6 +48,7 @@ from ..strategies.names import current_names
 from .compare import fill_speedups, summary
 from .measure import Settings
 from .plot import plot_formats, plot_speedups
+from .presets import PRESETS
 from .registry import registered, rename_notes, select
 from .schema import Report, StrategyResult
 from .stats import default_window
@@ -182,6 +183,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     except DdpGraphUsageError as err:
         return arguments.report(err)
     if not launched_by_torchrun():
+        arguments.say_before_start(slow_runs(plan, args))
         return run_under_torchrun(["bench", *argv], args.nproc or (2 if args.cpu else None))
     info = init_distributed(force_cpu=args.cpu)
     try:
@@ -203,6 +205,21 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     finally:
         shutdown()
     return 0
+
+
+def slow_runs(plan: Plan, args: argparse.Namespace) -> list[str]:
+    """What in the plan takes minutes where it will run, said before it starts: more CPU
+    processes than cores, and GPU-sized preset models on CPU."""
+    said = [arguments.crowded_cores(args.nproc, args.cpu)]
+    if not (torch.cuda.is_available() and not args.cpu):
+        big = [m.name for m in plan.models if m.name in PRESETS]
+        if big:
+            said.append(
+                f"{', '.join(big)} {'is a' if len(big) == 1 else 'are'} GPU-sized model{'s' if len(big) > 1 else ''} "
+                "and there is no GPU here: on CPU processes every row takes minutes (leave --model out "
+                "for the CPU-sized defaults, which check the setup in about a minute)"
+            )
+    return [s for s in said if s]
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
