@@ -9,7 +9,8 @@
 #   tests-strategies  tests/gpu/test_strategies_gpu.py   (make_step's strategies)
 #   tests-doctor      tests/gpu/test_doctor.py           (ddpgraph doctor on every script)
 #   tests-rank-safety, tests-adopt, tests-lightning, tests-accelerate, tests-presets,
-#   tests-watchdog, tests-family, tests-optim, tests-bench-varlen   the test_<name>_gpu.py file of each
+#   tests-watchdog, tests-family, tests-optim, tests-bench-varlen, tests-capture-call
+#                     the test_<name>_gpu.py file of each
 #   tests-docs        the Python blocks of README.md and docs/*.md, on the GPUs
 #   tests-docs-commands  the bash blocks marked gpu-only (the published benchmark run)
 #   tests             all of tests/gpu in one pytest run (longer than one call on one GPU)
@@ -48,6 +49,7 @@ declare -A TESTS=(
   [tests-family]=tests/gpu/test_family_gpu.py
   [tests-optim]=tests/gpu/test_optim_gpu.py
   [tests-bench-varlen]=tests/gpu/test_bench_varlen_gpu.py
+  [tests-capture-call]=tests/gpu/test_capture_call_gpu.py
   [tests-docs]=tests/gpu/test_doc_blocks_gpu.py::test_python_blocks_run_on_the_gpus
   [tests-docs-commands]=tests/gpu/test_doc_blocks_gpu.py::test_gpu_only_commands_run
   [tests]=tests/gpu
@@ -57,7 +59,7 @@ declare -A LIMIT=(
   [tests-docs]=540 [tests-docs-commands]=540 [tests]=1800 [demo]=300 [bench]=540
   [tests-rank-safety]=300 [tests-adopt]=300 [tests-lightning]=300 [tests-accelerate]=300
   [tests-presets]=300 [tests-watchdog]=400 [tests-family]=300 [tests-optim]=300
-  [tests-bench-varlen]=400
+  [tests-bench-varlen]=400 [tests-capture-call]=300
 )
 
 for stage in $STAGES; do
