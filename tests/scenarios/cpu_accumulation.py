@@ -42,9 +42,19 @@ def _batches(info: DistInfo) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _loop(info: DistInfo, where: str, cycle: Callable[[int], int], captured: bool) -> dict[str, Any]:
-    """Train CALLS calls; `cycle(i)` is the M of call i (1: every call synchronises)."""
     ddp = ddpgraph.prepare_ddp(_model())
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW))
+    return accumulation_loop(info, ddp, opt, _batches(info), where, cycle, harness.backend(), captured=captured)
+
+
+def accumulation_loop(
+    info: DistInfo, ddp: Any, opt: torch.optim.Optimizer, batches: list[Any], where: str,
+    cycle: Callable[[int], int], backend: Any, *, captured: bool = True,
+) -> dict[str, Any]:
+    """Train on `batches`, the step written `where` ("outside", "argument", "flag");
+    `cycle(i)` is the M of call i (1: every call synchronises). Captured with `backend`
+    (None: CUDA graphs), or, with `captured=False`, the eager reference. Also run on GPUs
+    (tests/scenarios/gpu_capture_call.py)."""
     m = {"now": 1}
 
     def outside(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -71,7 +81,7 @@ def _loop(info: DistInfo, where: str, cycle: Callable[[int], int], captured: boo
     fn: Callable[..., torch.Tensor] = {"outside": outside, "argument": argument, "flag": flag}[where]
     step: Any = fn
     if captured:
-        step = ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=harness.backend(), agree_every=EVERY)
+        step = ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=backend, agree_every=EVERY)
     elif where != "outside":
         # The optimizer steps inside the step: the eager reference runs it as the
         # captured step's eager calls do (graph-safe mode installed around each call).
@@ -80,7 +90,7 @@ def _loop(info: DistInfo, where: str, cycle: Callable[[int], int], captured: boo
     losses: list[float] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for i, (x, y) in enumerate(_batches(info)):
+        for i, (x, y) in enumerate(batches):
             m["now"] = cycle(i)
             last = (i + 1) % m["now"] == 0
             args = (x, y, last) if where == "argument" else (x, y)

@@ -26,6 +26,7 @@ from typing import Any
 import harness
 import torch
 import torch.nn.functional as F
+from cpu_accumulation import accumulation_loop
 from torch import nn
 
 import ddpgraph
@@ -63,48 +64,7 @@ def _capturing(backend: Any) -> bool:
 def _accumulate(info: DistInfo, where: str, cycle: Callable[[int], int], captured: bool) -> dict[str, Any]:
     ddp = _ddp(info)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-    m = {"now": 1}
-
-    def outside(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(ddp(x), y)
-        (loss / m["now"]).backward()
-        return loss.detach()
-
-    def argument(x: torch.Tensor, y: torch.Tensor, last: bool) -> torch.Tensor:
-        loss = F.cross_entropy(ddp(x), y)
-        (loss / m["now"]).backward()
-        if last:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    fn: Callable[..., torch.Tensor] = outside if where == "outside" else argument
-    step: Any = fn
-    if captured:
-        step = ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=_backend(info), agree_every=8)
-    elif where != "outside":
-        step = harness.with_same_settings(opt, fn, info.device)
-    states, losses = [], []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for i, (x, y) in enumerate(_batches(info, CALLS)):
-            m["now"] = cycle(i)
-            last = (i + 1) % m["now"] == 0
-            args = (x, y, last) if where == "argument" else (x, y)
-            if last:
-                losses.append(float(step(*args)))
-            else:
-                with ddp.no_sync():
-                    losses.append(float(step(*args)))
-            if last and where == "outside":
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            states.append(step.state.value if captured else "eager")
-    out: dict[str, Any] = {"losses": losses, "states": states, "params": harness.params_of(ddp)}
-    if captured:
-        out.update(state=step.state.value, code=step.reason.code.value if step.reason else None, stats=vars(step.stats))
-        step.close()
-    return out
+    return accumulation_loop(info, ddp, opt, _batches(info, CALLS), where, cycle, _backend(info), captured=captured)
 
 
 def _compare_accumulation(info: DistInfo, where: str, cycle: Callable[[int], int]) -> dict[str, Any]:
