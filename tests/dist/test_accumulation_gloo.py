@@ -30,9 +30,7 @@ Results = dict[str, list[dict[str, Any]]]
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Results:
     nproc = int(request.param)
     out = tmp_path_factory.mktemp(f"accumulation{nproc}")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DDPGRAPH_TEST_PG_TIMEOUT", "30")
-        return run_scenarios(SCRIPT, both_backends(SCENARIOS), out, nproc=nproc, timeout=400)
+    return run_scenarios(SCRIPT, both_backends(SCENARIOS), out, nproc=nproc, timeout=400, group_timeout_s=30)
 
 
 def _trained_as_eager(ranks: list[dict[str, Any]]) -> None:

@@ -45,9 +45,7 @@ Results = dict[str, list[dict[str, Any]]]
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Results:
     nproc = int(request.param)
     out = tmp_path_factory.mktemp(f"rank_safety{nproc}")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DDPGRAPH_TEST_PG_TIMEOUT", "30")
-        return run_scenarios(SCRIPT, both_backends(SCENARIOS, RECORDING_ONLY), out, nproc=nproc, timeout=400)
+    return run_scenarios(SCRIPT, both_backends(SCENARIOS, RECORDING_ONLY), out, nproc=nproc, timeout=400, group_timeout_s=30)
 
 
 def _ranks(results: Results, name: str, variant: str) -> list[dict[str, Any]]:

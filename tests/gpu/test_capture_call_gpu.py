@@ -25,9 +25,7 @@ Results = dict[str, list[dict[str, Any]]]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("gpu_capture_call")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DDPGRAPH_TEST_PG_TIMEOUT", "60")
-        return run_scenarios("gpu_capture_call.py", NAMES, Path(out), nproc=gpu_world(), timeout=400)
+    return run_scenarios("gpu_capture_call.py", NAMES, Path(out), nproc=gpu_world(), timeout=400, group_timeout_s=60)
 
 
 def _same_states(ranks: list[dict[str, Any]]) -> None:

@@ -27,6 +27,7 @@ import harness
 import torch
 import torch.nn.functional as F
 from cpu_accumulation import accumulation_loop
+from gpu_rank_safety import _batches, _model
 from torch import nn
 
 import ddpgraph
@@ -41,18 +42,7 @@ def _backend(info: DistInfo) -> Any:
 
 
 def _ddp(info: DistInfo) -> nn.Module:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10)).to(info.device)
-    return ddpgraph.prepare_ddp(model)
-
-
-def _batches(info: DistInfo, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(11 + info.rank)
-    out = []
-    for _ in range(n):
-        x = torch.randn(16, 64, generator=gen)
-        out.append((x.to(info.device), x[:, :10].argmax(1).to(info.device)))
-    return out
+    return ddpgraph.prepare_ddp(_model(info))
 
 
 def _capturing(backend: Any) -> bool:
