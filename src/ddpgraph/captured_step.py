@@ -30,12 +30,11 @@ from .agreement import Action, Outcome
 from .backend_choice import choose_backend, needs_adoption
 from .backends import CudaGraphBackend
 from .call_guard import unservable
+from .checked_calls import CheckedCalls
 from .distributed import current_rank
 from .errors import DdpGraphUsageError
-from .family_capture import FamilySteps
 from .findings import Code, Finding
-from .grad_sync import GradSyncWatch
-from .inputs import check_supported, stage_leaves, unflatten_call
+from .inputs import stage_leaves, unflatten_call
 from .integrations.accelerate import unwrap_optimizers
 from .options import CaptureOptions, as_optimizers
 from .param_guard import ParamLayout
@@ -47,12 +46,7 @@ from .same_path import eager_code_paths, report_capture_branch
 from .snapshot import Restorable, failed_capture_undo
 from .step_optimizers import StepOptimizers
 from .step_record import Captured, Report, StepState, has_peers
-from .warmup import (
-    MIN_WARMUP_ITERATIONS,
-    default_warmup_steps,
-    step_is_capturable,
-    steps_until_capturable,
-)
+from .warmup import checked_warmup, default_warmup_steps, step_is_capturable, steps_until_capturable
 from .watchdog import ReplayWatchdog, watch_replays
 
 __all__ = ["NON_DDP_WARMUP_STEPS", "CapturedStep"]
@@ -65,7 +59,7 @@ R = TypeVar("R")
 NON_DDP_WARMUP_STEPS = 3
 
 
-class CapturedStep(FamilySteps[R]):
+class CapturedStep(CheckedCalls[R]):
     """A training step that warms up eagerly, is captured once, then replays.
 
     Call it like the function it wraps. Build it with `capture_step`.
@@ -79,7 +73,6 @@ class CapturedStep(FamilySteps[R]):
         self._generators = list(options.generators)
         self._restorables: list[Restorable] = [options.scaler] if options.scaler is not None else []
         self._counter = ddp_tools.forward_counter(model)
-        self._grad_sync = GradSyncWatch(model)
         self._probed = False
         self._per_step = 1
         self._gate_open = True
@@ -97,7 +90,7 @@ class CapturedStep(FamilySteps[R]):
             # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
             inner, wrapper_refusal = unwrap_optimizers(as_optimizers(optimizers))
             self._optim = StepOptimizers(inner, self._device)
-            self._capture_after = self._validate_warmup(options.warmup_steps)
+            self._capture_after = checked_warmup(isinstance(model, DDP), self._counter, options.warmup_steps, NON_DDP_WARMUP_STEPS)
             self._backend, self._stream, refusal = choose_backend(model, self._device, options.backend, options.stream)
             if refusal is None and self._backend is not None:
                 refusal = generators_refusal(self._generators, self._device, isinstance(self._backend, CudaGraphBackend))
@@ -139,17 +132,13 @@ class CapturedStep(FamilySteps[R]):
             options.replay_timeout, options.on_replay_timeout, step_name=getattr(fn, "__qualname__", "step"),
             group=ddp_tools.process_group_of(model), device=self._device, close=self.close,
         )
+        self._peers = self._watchdog.board.describe_others
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if self._watchdog is not None:
             self._watchdog.check()  # raises on every call after a replay timed out
             self._watchdog.calls = self.stats.calls + 1
         return super().__call__(*args, **kwargs)
-
-    def _policy_peer_progress(self) -> str:
-        if self._watchdog is None:
-            return super()._policy_peer_progress()
-        return self._watchdog.board.describe_others()
 
     def hold(self) -> None:
         """Keep warming up without probing or capturing until `release` (the compile
@@ -160,25 +149,6 @@ class CapturedStep(FamilySteps[R]):
         """Probe after `warmup_steps` more eager calls, then capture."""
         self._gate_open = True
         self._capture_after = self.stats.warmup_steps + max(1, warmup_steps)
-
-    def _validate_warmup(self, warmup_steps: int | None) -> int:
-        is_ddp = isinstance(self._model, DDP)
-        forwards = self._counter.count if self._counter else 0
-        if warmup_steps is None:
-            return default_warmup_steps(forwards) if is_ddp else NON_DDP_WARMUP_STEPS
-        exact = self._counter is not None and self._counter.exact
-        if is_ddp and exact and forwards + warmup_steps < MIN_WARMUP_ITERATIONS:
-            raise DdpGraphUsageError(
-                Finding(
-                    Code.WARMUP_TOO_SHORT,
-                    f"expected at least {MIN_WARMUP_ITERATIONS - forwards} warm-up steps for "
-                    f"this DDP model ({forwards} iterations run so far), got {warmup_steps}",
-                    f"use `warmup_steps={MIN_WARMUP_ITERATIONS - forwards}` or more, or leave it "
-                    "out for the default",
-                    subject="`capture_step(warmup_steps=...)`",
-                )
-            )
-        return warmup_steps
 
     # ----------------------------------------------------------------- warm-up and capture
     def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
@@ -192,19 +162,6 @@ class CapturedStep(FamilySteps[R]):
         self.stats.warmup_steps += 1
         return self._eager(leaves, spec)
 
-    def _agree_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The first call's arguments, checked before it runs and agreed on: one that
-        ddpgraph cannot look inside, on any rank, makes every rank raise on this call."""
-        usage: Finding | None = None
-        try:
-            check_supported(args, kwargs)
-        except DdpGraphUsageError as err:
-            usage = err.finding
-        found = [usage] if usage is not None else []
-        decision = self._decide(Outcome(current_rank(), not found, found, usage_error=bool(found)))
-        if decision.usage_error:
-            raise DdpGraphUsageError(decision.summary())
-
     def _probe(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         """The last warm-up step, watched: host syncs, hyper-parameters it changes, its
         writes into arguments, optimizers it steps that were not passed."""
@@ -212,18 +169,18 @@ class CapturedStep(FamilySteps[R]):
         hyper = self._optim.hyperparameters()
         staged = stage_leaves(leaves, self._device)
         call = (args, kwargs) if staged is leaves else unflatten_call(staged, spec)
+        self._given = (*call, staged)  # the containers the watch sees are the step's
         watch = ProbeWatch(self._fn, call, self._optim.optimizers)
         with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe, watch.watching():
-            out = self._eager(staged, spec, call)
+            out = self._eager(staged, spec)
         self.stats.warmup_steps += 1
         self._probed = True
         # A hyper-parameter the step changed comes first: a scheduler stepped inside the
         # step also synchronises reading the mirrored tensors, and moving it is the fix.
         # A synchronisation inside a library is left to the capture to judge: libraries
         # that test for a capture skip it there (see `ProbeResult.findings`).
-        findings = self._optim.changed_by_step(hyper) + probe.findings(defer_library=True) + watch.findings()
-        if self._grad_sync.finding is not None:  # this call or an earlier warm-up call
-            findings.insert(0, self._grad_sync.finding)
+        accumulates = [self._grad_sync.finding] if self._grad_sync.finding else []  # this call or an earlier one
+        findings = accumulates + self._optim.changed_by_step(hyper) + probe.findings(defer_library=True) + watch.findings()
         self._library_syncs = probe.deferred()
         if self._library_syncs:
             log.info("a library synchronised in the probe step; the capture will tell: %s", self._library_syncs[0].format())
@@ -259,18 +216,6 @@ class CapturedStep(FamilySteps[R]):
         return not ddp_tools.buffer_sync_skipped(self._model) and (
             self._counter is None or step_is_capturable(forwards, self._per_step)
         )
-
-    def _policy_recording_problem(self) -> Finding | None:
-        # The recording ran the step's Python, and so DDP's forward hooks.
-        return self._grad_sync.after_call(self.stats.calls)
-
-    def _eager(self, leaves: list[Any], spec: Any, call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> R:
-        self._grad_sync.before_call()
-        out = super()._eager(leaves, spec, call)
-        finding = self._grad_sync.after_call(self.stats.calls)
-        if finding is not None:  # in warm-up, the probe step's agreement refuses it
-            self.report(Report(finding, Action.EAGER))
-        return out
 
     def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
         return failed_capture_undo([self._model], self._optim.optimizers, self._restorables, self._generators)
@@ -332,9 +277,7 @@ class CapturedStep(FamilySteps[R]):
     ) -> Report | None:
         assert self._layout is not None
         unsynced = self._grad_sync.entered_unsynced(self.stats.calls)
-        if unsynced is not None:
-            return Report(unsynced, Action.EAGER)
-        report = self._layout.check() or self._optim.check(self._options.on_failure)
+        report = Report(unsynced, Action.EAGER) if unsynced else self._layout.check() or self._optim.check(self._options.on_failure)
         if report is None and self._options.on_input_change == "raise":
             changed = unservable(record, self._model, args, kwargs, leaves, spec)
             if changed is not None:

@@ -20,17 +20,24 @@ from .streams import hand_over, on_stream
 R = TypeVar("R")
 
 
+# A call's own arguments and the leaves they were flattened into.
+GivenCall = tuple[tuple[Any, ...], dict[str, Any], list[Any]]
+
+
 def run_eager_call(
     fn: Callable[..., R], leaves: list[Any], spec: Any, device: torch.device, stream: torch.cuda.Stream | None,
-    call: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+    given: GivenCall | None = None,
 ) -> R:
     """One eager call of `fn` on the flattened arguments (`inputs.flatten_call`): CPU
     tensors staged onto the model's device, the call on `stream` (the capture stream, so
     eager and replayed steps are ordered alike), its outputs handed back to the caller's
-    stream. `call` is what `leaves` were flattened from, passed as it is when nothing
-    needs staging."""
+    stream. `given`: the arguments `leaves` were flattened from, passed as they are when
+    nothing needs staging."""
     staged = stage_leaves(leaves, device)
-    args, kwargs = call if call is not None and staged is leaves else unflatten_call(staged, spec)
+    if given is not None and given[2] is leaves and staged is leaves:
+        args, kwargs = given[0], given[1]
+    else:
+        args, kwargs = unflatten_call(staged, spec)
     with on_stream(stream):
         out = fn(*args, **kwargs)
     hand_over(out, stream)

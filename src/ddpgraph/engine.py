@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -34,17 +34,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import ddp as ddp_tools
 from .agreement import Action, Decision, Outcome, agree
-from .attempt import hold, record_attempt
+from .attempt import hold, raise_agreed, record_attempt
 from .backends import GraphBackend
 from .distributed import current_rank
-from .eager_call import run_eager_call
+from .eager_call import GivenCall, run_eager_call
 from .errors import DdpGraphError
-from .fallback import UnservedCalls, fall_back
+from .fallback import UnservedCalls, awaiting_decision, fall_back
 from .family import GraphFamily, shared_pool
 from .findings import Code, Finding
 from .inputs import flatten_call
 from .options import CaptureOptions
-from .peers import collective_failed, stopped_finding
+from .peers import NamingStoppedRanks, NoBoard
 from .step_record import Captured, Report, StepState, StepStats
 from .streams import can_run_graphs
 
@@ -83,13 +83,13 @@ class CaptureEngine(Generic[R]):
         self._stream: torch.cuda.Stream | None = None
         self._unserved = UnservedCalls(options.on_input_change)
         self._force_eager = False
-        self._given: tuple[tuple[Any, ...], dict[str, Any], list[Any]] | None = None  # this call's own arguments
+        self._given: GivenCall | None = None  # this call's own arguments
+        self._peers: Callable[[], str] = NoBoard().describe_others  # what they last published
 
     # ----------------------------------------------------------------- surface
     @property
     def state(self) -> StepState:
-        """What runs: `eager` from the call on which this rank reported a change the
-        graph cannot follow, while the ranks have yet to decide on it."""
+        """What runs: `eager` too from the call on which this rank reported a change."""
         if self._pending is not None and self._state is StepState.CAPTURED:
             return StepState.EAGER
         return self._state
@@ -98,7 +98,7 @@ class CaptureEngine(Generic[R]):
     def reason(self) -> Finding | None:
         """Why the step is not (or no longer) captured; None while all is well."""
         if self._pending is not None and self._state is StepState.CAPTURED:
-            return self._awaiting(self._pending.finding)
+            return awaiting_decision(self._pending.finding, self.stats.calls + max(1, self._every - self._since_decision))
         return self._reason
 
     @property
@@ -169,30 +169,13 @@ class CaptureEngine(Generic[R]):
         reason = f", reason={self.reason.code.value}" if self.reason else ""
         return f"{type(self).__name__}(state={self.state.value}, backend={self.backend_name}{reason})"
 
-    def _awaiting(self, finding: Finding) -> Finding:
-        """A reported finding as `reason` gives it until the ranks decide on it."""
-        decided_at = self.stats.calls + max(1, self._every - self._since_decision)
-        return replace(
-            finding,
-            happened=f"{finding.happened}; this rank runs the step eagerly until the ranks decide together, at call {decided_at}",
-        )
-
     # ----------------------------------------------------------------- the decision point
     def _decide(self, outcome: Outcome) -> Decision:
         """The one place where ranks agree; every transition below follows its answer."""
         if not self._shared:
             return Decision([outcome])
-        try:
+        with NamingStoppedRanks("the agreement of the ranks", self.stats.calls, self._peers):
             return agree(outcome, self._group, self._device)
-        except RuntimeError as err:
-            self._raise_if_stopped(err, "the agreement of the ranks")
-            raise
-
-    def _raise_if_stopped(self, err: RuntimeError, waited_in: str) -> None:
-        """A collective of this call that failed for want of a peer is raised again as
-        RANK_STOPPED, naming who stopped (`peers`); any other error is left alone."""
-        if collective_failed(err):
-            raise DdpGraphError(stopped_finding(err, waited_in, self.stats.calls, self._policy_peer_progress())) from err
 
     def _outcome(self, findings: list[Finding], action: Action = Action.EAGER, forwards: int = 0, forwards_per_step: int = 0) -> Outcome:
         return Outcome(current_rank(), not findings, findings, forwards, forwards_per_step, action=action if findings else Action.CONTINUE)
@@ -239,7 +222,7 @@ class CaptureEngine(Generic[R]):
         try:
             outputs: R = record.recording.replay(leaves)
         except RuntimeError as err:  # a replay that waits on the host (the CPU backends)
-            self._raise_if_stopped(err, f"replay {self.stats.replays + 1}")
+            NamingStoppedRanks(f"replay {self.stats.replays + 1}", self.stats.calls, self._peers).name(err)
             raise
         self._family.replayed(record)
         self._policy_after_replay(record)
@@ -270,11 +253,7 @@ class CaptureEngine(Generic[R]):
         call's step) or put everything back and continue eagerly, on every rank."""
         buffer_sync = ddp_tools.will_sync_buffers(self._model)
         restore_forward_sync = ddp_tools.keep_forward_sync(self._model)
-        try:
-            attempt = record_attempt(self, leaves, spec, self._options.pool)
-        except BaseException:  # an interrupt or an exit (`record_attempt`)
-            restore_forward_sync()
-            raise
+        attempt = record_attempt(self, leaves, spec, self._options.pool)
         graph, outcome = attempt.graph, attempt.outcome
         if graph is not None:
             problem = self._policy_recording_problem()
@@ -299,38 +278,16 @@ class CaptureEngine(Generic[R]):
             ddp_tools.reset_reducer(self._model)
         attempt.after_failure()
         if decision.step_raised:
-            self._raise_agreed(decision, attempt.raised)
+            raise_agreed(self, decision, attempt.raised)
         self._give_up(self._summarise(decision))
         self.stats.eager_steps += 1
         return self._eager(leaves, spec)
 
-    def _raise_agreed(self, decision: Decision, raised: BaseException | None) -> NoReturn:
-        """The step raised while it was recorded, on some rank: every rank raises on this
-        call, the rank whose step raised its own exception, as its eager step would have,
-        the others the finding that names it (none waits for it in a collective), with the
-        training state put back as before the call. The next call records again, unless
-        a reducer had to be reset: its next steps rebuild buckets, which no graph can hold,
-        so the step runs eagerly from then on."""
-        summary = self._summarise(decision)
-        if decision.reducer_needs_reset:
-            self._reason = summary
-            self._state = StepState.EAGER
-            self._drop_record()
-        if raised is not None:
-            raise raised
-        raise DdpGraphError(summary)
-
     # ----------------------------------------------------------------- shared pieces
-    def _eager(self, leaves: list[Any], spec: Any, call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> R:
-        given = self._given
-        if call is None and given is not None and given[2] is leaves:
-            call = given[0], given[1]
-        with self._policy_running("eager"):
-            try:
-                return run_eager_call(self._fn, leaves, spec, self._device, self._stream, call)
-            except RuntimeError as err:
-                self._raise_if_stopped(err, "an eager step's collective")
-                raise
+    def _eager(self, leaves: list[Any], spec: Any) -> R:
+        stopped = NamingStoppedRanks("an eager step's collective", self.stats.calls, self._peers)
+        with self._policy_running("eager"), stopped:
+            return run_eager_call(self._fn, leaves, spec, self._device, self._stream, self._given)
 
     def _summarise(self, decision: Decision) -> Finding:
         self._findings = decision.findings
@@ -406,7 +363,3 @@ class CaptureEngine(Generic[R]):
 
     def _policy_close(self) -> None:
         pass
-
-    def _policy_peer_progress(self) -> str:
-        """What the other ranks last published about their calls (`peers.PeerBoard`)."""
-        return "the other ranks' progress is unknown"

@@ -10,6 +10,7 @@ training step and the captured evaluation share them, so the two say the same th
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Literal
 
 from .distributed import current_rank
@@ -60,3 +61,12 @@ class UnservedCalls:
                 DdpGraphWarning,
                 stacklevel=5,
             )
+
+
+def awaiting_decision(finding: Finding, decided_at: int) -> Finding:
+    """A finding this rank reported, as `reason` gives it until the ranks decide on it (the
+    rank runs the step eagerly meanwhile)."""
+    return replace(
+        finding,
+        happened=f"{finding.happened}; this rank runs the step eagerly until the ranks decide together, at call {decided_at}",
+    )

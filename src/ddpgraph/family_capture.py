@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_map
 
 from . import ddp as ddp_tools
 from .agreement import Outcome
-from .attempt import hold, record_attempt
+from .attempt import hold, raise_agreed, record_attempt
 from .distributed import current_rank
 from .engine import CaptureEngine
 from .fallback import fall_back
@@ -84,7 +84,7 @@ def add_graph_call(
             after_failure()
         if decision.reducer_needs_reset:
             ddp_tools.reset_reducer(step._model)
-        step._raise_agreed(decision, raised)
+        raise_agreed(step, decision, raised)
     if not decision.ok:
         fall_back(decision.summary(), "eager", continues=_FAILED, stacklevel=4)
     if decision.reducer_needs_reset:

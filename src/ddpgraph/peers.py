@@ -24,6 +24,7 @@ from typing import Any
 
 import torch.distributed
 
+from .errors import DdpGraphError
 from .findings import Code, Finding, format_ranks
 
 log = logging.getLogger("ddpgraph")
@@ -153,3 +154,26 @@ def stopped_finding(error: BaseException, waited_in: str, call: int, others: str
         f"{head[:200]}); the rank with the fewest calls stopped calling the step: {others}",
         subject="`CapturedStep` call",
     )
+
+
+class NamingStoppedRanks:
+    """Around a collective of one call of the step (`with`, or `name(err)` in an
+    `except`): an error that is a collective failed for want of a peer is raised again as
+    RANK_STOPPED, naming who stopped (`others`: what the peers published); any other error
+    is left alone."""
+
+    __slots__ = ("call", "others", "waited_in")
+
+    def __init__(self, waited_in: str, call: int, others: Callable[[], str]) -> None:
+        self.waited_in, self.call, self.others = waited_in, call, others
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+        if isinstance(error, RuntimeError):
+            self.name(error)
+
+    def name(self, error: RuntimeError) -> None:
+        if collective_failed(error):
+            raise DdpGraphError(stopped_finding(error, self.waited_in, self.call, self.others())) from error

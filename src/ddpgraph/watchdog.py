@@ -234,8 +234,7 @@ class ReplayWatchdog:
     def close(self) -> None:
         """Stop watching. After an abort the exit deadline stays: the process must end."""
         self._stop.set()
-        if self.calls is not None and self.failure is None:
-            # The last counts, for a peer that waits for this rank after it stopped.
+        if self.calls is not None and self.failure is None:  # for a peer waiting for this rank
             self.board.publish(self.replays, self.finished, calls=self.calls)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread() and self.failure is None:
@@ -394,12 +393,7 @@ def watch_replays(
     process group's), and the step's bound `close` registered to run at interpreter exit."""
     check_options(replay_timeout, on_replay_timeout)
     teardown.close_at_exit(close)
-    if replay_timeout is None:
-        timeout: float | None = None
-    else:
-        timeout = groups.timeout_s(group) if replay_timeout == "group" else float(replay_timeout)
-    # A step without a process group has no peers to tell, and takes no board index:
-    # another rank may have no such step (an EMA model on one rank), and the index must
-    # name the same step on every rank.
-    board = NoBoard() if group is None else None
-    return ReplayWatchdog(timeout, on_replay_timeout, step_name, group, device=device, board=board)
+    timeout = None if replay_timeout is None else groups.timeout_s(group) if replay_timeout == "group" else float(replay_timeout)
+    # Without a process group no peer to tell, and no board index taken: another rank may
+    # have no such step (an EMA model), and an index names the same step on every rank.
+    return ReplayWatchdog(timeout, on_replay_timeout, step_name, group, device=device, board=NoBoard() if group is None else None)

@@ -127,11 +127,11 @@ class CapturedEval(CaptureEngine[R]):
             return super().__call__(*args, **kwargs)
 
     # ------------------------------------------------------------------ policy
-    def _eager(self, leaves: list[Any], spec: Any, call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> R:
+    def _eager(self, leaves: list[Any], spec: Any) -> R:
         if self._state is StepState.WARMUP:
             # The layout static inputs will have: Dynamo guards on strides.
             leaves = StaticInputs(leaves, spec, self._device).buffers
-        return super()._eager(leaves, spec, call)
+        return super()._eager(leaves, spec)
 
     def _training_warming_up(self) -> bool:
         # With a shared pool, recording before the training graph exists could put that
