@@ -62,7 +62,10 @@ Policy = Literal["abort", "report"]
 ReplayTimeout = float | Literal["group"] | None
 EXIT_CODE = 86  # the exit status of a process the watchdog ended
 EXIT_GRACE_S = 30.0
-_indices = itertools.count()
+# Board indices name the same step on every rank: steps of a DDP model count up; steps
+# without a process group (group None), which another rank may not have (an EMA model),
+# count down, so that they never shift the others.
+_indices, _solo_indices = itertools.count(), itertools.count(-1, -1)
 # The current stream's CUDA handle, without building a Stream object (CUDA builds only).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _SAVE_CODE = torch.serialization.save.__code__
@@ -352,7 +355,7 @@ def _board_for(group: Any, rank: int, timeout_s: float) -> PeerBoard | NoBoard:
     if store is None:
         return NoBoard()
     publish_s = min(5.0, max(0.05, timeout_s / 4))
-    return PeerBoard(store, next(_indices), rank, groups.ranks_of(group), publish_s)
+    return PeerBoard(store, next(_indices if group is not None else _solo_indices), rank, groups.ranks_of(group), publish_s)
 
 
 def check_options(replay_timeout: object, on_replay_timeout: object) -> None:
@@ -394,6 +397,4 @@ def watch_replays(
     check_options(replay_timeout, on_replay_timeout)
     teardown.close_at_exit(close)
     timeout = None if replay_timeout is None else groups.timeout_s(group) if replay_timeout == "group" else float(replay_timeout)
-    # Without a process group no peer to tell, and no board index taken: another rank may
-    # have no such step (an EMA model), and an index names the same step on every rank.
-    return ReplayWatchdog(timeout, on_replay_timeout, step_name, group, device=device, board=NoBoard() if group is None else None)
+    return ReplayWatchdog(timeout, on_replay_timeout, step_name, group, device=device)
