@@ -12,7 +12,7 @@
 #                     fresh process per case, and 20 captures in a row: about 3 min)
 #   tests-rank-safety, tests-adopt, tests-lightning, tests-accelerate, tests-presets,
 #   tests-watchdog, tests-family, tests-optim, tests-schedules, tests-bench-varlen,
-#   tests-trainer, tests-families, tests-frozen
+#   tests-trainer, tests-families, tests-frozen, tests-capture-call
 #                     the test_<name>_gpu.py file of each
 #   tests-docs        the Python blocks of README.md and docs/*.md, on the GPUs
 #   tests-docs-commands  the bash blocks marked gpu-only (the published benchmark run)
@@ -57,6 +57,7 @@ declare -A TESTS=(
   [tests-trainer]=tests/gpu/test_trainer_gpu.py
   [tests-families]=tests/gpu/test_families_gpu.py
   [tests-frozen]=tests/gpu/test_frozen_gpu.py
+  [tests-capture-call]=tests/gpu/test_capture_call_gpu.py
   [tests-docs]=tests/gpu/test_doc_blocks_gpu.py::test_python_blocks_run_on_the_gpus
   [tests-docs-commands]=tests/gpu/test_doc_blocks_gpu.py::test_gpu_only_commands_run
   [tests]=tests/gpu
@@ -67,6 +68,7 @@ declare -A LIMIT=(
   [tests-rank-safety]=300 [tests-adopt]=300 [tests-lightning]=300 [tests-accelerate]=300
   [tests-presets]=300 [tests-watchdog]=400 [tests-family]=300 [tests-optim]=300 [tests-schedules]=300
   [tests-bench-varlen]=400 [tests-feeds]=400 [tests-trainer]=420 [tests-families]=420 [tests-frozen]=400
+  [tests-capture-call]=300
 )
 
 for stage in $STAGES; do

@@ -87,13 +87,19 @@ def run_scenarios(
     nproc: int = 2,
     timeout: float = 600,
     extra_args: list[str] | None = None,
+    group_timeout_s: float | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Run `names` from `script` in `nproc` workers; return {name: [rank0, rank1, ...]}."""
+    """Run `names` from `script` in `nproc` workers; return {name: [rank0, rank1, ...]}.
+    `group_timeout_s`: the workers' process-group timeout (harness.py reads it), short where
+    a rank left waiting must fail its scenario rather than pass late."""
     cmd = torchrun_command(
         ["--standalone", f"--nproc_per_node={nproc}", *(extra_args or [])], script, out, names
     )
+    env = torchrun_env()
+    if group_timeout_s is not None:
+        env["DDPGRAPH_TEST_PG_TIMEOUT"] = str(group_timeout_s)
     proc = subprocess.run(
-        cmd, env=torchrun_env(), capture_output=True, text=True, timeout=timeout, check=False
+        cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
     (out / "torchrun.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     return collect(out, names, nproc, proc)

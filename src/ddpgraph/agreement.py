@@ -40,6 +40,7 @@ class Outcome:
     usage_error: bool = False  # the finding is a usage error: every rank raises it
     warmup_steps: int = 0  # the warm-up this rank plans; ranks take the longest
     adds_graph: bool = False  # records a graph for a new signature on this call (`family`)
+    step_raised: bool = False  # the step itself raised while recorded: every rank raises
 
 
 @dataclass
@@ -73,6 +74,10 @@ class Decision:
     @property
     def usage_error(self) -> bool:
         return any(o.usage_error for o in self.outcomes)
+
+    @property
+    def step_raised(self) -> bool:
+        return any(o.step_raised for o in self.outcomes)
 
     def summary(self) -> Finding:
         """The finding to report for a decision that did not go ahead: the first one, and,

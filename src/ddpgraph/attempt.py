@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import ddp as ddp_tools
-from .agreement import Action, Outcome
+from .agreement import Action, Decision, Outcome
 from .backends import CapturedGraph, CaptureError, CudaGraphBackend
-from .diagnose import finding_from_capture_error
+from .diagnose import finding_from_capture_error, raised_by_step, step_raised_finding
 from .distributed import current_rank
+from .errors import DdpGraphError
 from .inputs import Signature, StaticInputs, leaf_paths
 from .probe import host_sync_probe
 from .replay import Recording
-from .step_record import Attempt, Captured
+from .step_record import Attempt, Captured, StepState
 
 if TYPE_CHECKING:
     from .engine import CaptureEngine
@@ -35,6 +36,7 @@ def record_attempt(step: CaptureEngine[Any], leaves: list[Any], spec: Any, pool:
     assert backend is not None, "a step without a backend never records"
     static = StaticInputs(leaves, spec, step._device)
     after_stand_in, after_failure = step._policy_undo()
+    restore_forward_sync = ddp_tools.keep_forward_sync(step._model)
     static_args, static_kwargs = static.call_args()
     graph: CapturedGraph | None = None
     start = time.perf_counter()
@@ -55,18 +57,30 @@ def record_attempt(step: CaptureEngine[Any], leaves: list[Any], spec: Any, pool:
 
     extra = {"generators": list(step._options.generators)} if step._options.generators else {}
     outcome = Outcome(current_rank(), True)
+    raised: BaseException | None = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with step._policy_running("capture"):
                 graph = backend.capture(record, stream=step._stream, pool=pool, **extra)
         except CaptureError as err:
-            finding = step._policy_explain(finding_from_capture_error(err, [str(w.message) for w in caught], syncs))
             stuck = not ddp_tools.reducer_finalized(step._model)
-            outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
+            if raised_by_step(err):
+                raised = err.cause
+                finding = step_raised_finding(err.cause, step.stats.calls)  # type: ignore[arg-type]
+                outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.RAISE, step_raised=True)
+            else:
+                finding = step._policy_explain(finding_from_capture_error(err, [str(w.message) for w in caught], syncs))
+                outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
+        except BaseException:
+            # An interrupt or an exit in the step: it propagates at once, on this rank
+            # alone (the process is ending), with the training state as before the call.
+            after_failure()
+            restore_forward_sync()
+            raise
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return Attempt(graph, static, outcome, after_stand_in, after_failure, time.perf_counter() - start)
+    return Attempt(graph, static, outcome, after_stand_in, after_failure, time.perf_counter() - start, raised)
 
 
 def hold(step: CaptureEngine[Any], attempt: Attempt, buffer_sync: bool, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Captured:
@@ -78,3 +92,19 @@ def hold(step: CaptureEngine[Any], attempt: Attempt, buffer_sync: bool, args: tu
     step.stats.captures += 1
     step.stats.capture_seconds = attempt.seconds
     return Captured(recording, step._model.training, forward_sync, buffer_sync)
+
+
+def raise_agreed(step: CaptureEngine[Any], decision: Decision, raised: BaseException | None) -> NoReturn:
+    """The step raised while it was recorded, on some rank (the recording is undone): every
+    rank raises on this call, the rank whose step raised its own exception, as its eager
+    step would have, the others the finding that names it (none waits for it in a
+    collective). The next call records again, unless a reducer had to be reset: its next
+    steps rebuild buckets, which no graph can hold, so the step runs eagerly from then on."""
+    summary = step._summarise(decision)
+    if decision.reducer_needs_reset:
+        step._reason = summary
+        step._state = StepState.EAGER
+        step._drop_record()
+    if raised is not None:
+        raise raised
+    raise DdpGraphError(summary)

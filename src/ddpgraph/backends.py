@@ -29,7 +29,11 @@ from .rng import register_generators, release_after_failed_capture
 class CaptureError(Exception):
     """Recording failed. `cause` is the first error raised while recording, `end_error`
     the error raised when the recording was closed (CUDA reports an invalidated
-    capture only then)."""
+    capture only then).
+
+    Only exceptions are wrapped: an interrupt (`KeyboardInterrupt`) or an exit
+    (`SystemExit`) raised while recording propagates as it is, once the recording is
+    closed, as it would from an eager step."""
 
     def __init__(self, cause: BaseException | None, end_error: BaseException | None = None):
         self.cause = cause
@@ -118,6 +122,8 @@ class CudaGraphBackend:
                 graph.capture_begin(pool=pool, capture_error_mode=CAPTURE_ERROR_MODE)
             except BaseException as exc:  # capture never started: nothing to end
                 release_generators()
+                if not isinstance(exc, Exception):
+                    raise
                 raise CaptureError(exc) from exc
             self.capturing = True
             try:
@@ -136,6 +142,8 @@ class CudaGraphBackend:
         if cause is not None or end_error is not None:
             release_generators()
             settle_after_failed_capture(stream.device)
+            if cause is not None and not isinstance(cause, Exception):
+                raise cause
             raise CaptureError(cause, end_error)
         return _CudaGraph(graph, outputs)
 
@@ -205,7 +213,7 @@ class PassThroughBackend(InjectedFailures):
         self.capturing = True
         try:
             outputs = fn()
-        except BaseException as exc:
+        except Exception as exc:
             raise CaptureError(exc) from exc
         finally:
             self.capturing = False

@@ -20,7 +20,7 @@ from .captured_step import CapturedStep
 from .errors import usage_error
 from .fallback import OnFailure
 from .family import BeyondMaxGraphs
-from .options import DEFAULT_AGREE_EVERY, CaptureOptions
+from .options import DEFAULT_AGREE_EVERY, CaptureOptions, as_optimizers
 from .parity import ParityCheck
 from .step_record import StepState, StepStats
 from .value_checks import DEFAULT_VERIFY_EVERY
@@ -203,21 +203,7 @@ def capture_step(
     if compile is not False:
         from .compile_route import capture_compiled
 
-        return capture_compiled(fn, compile=compile, model=model, optimizers=as_optimizers(optimizer), options=options)
-    return CapturedStep(fn, model=model, optimizers=as_optimizers(optimizer), options=options)
-
-
-def as_optimizers(optimizer: Optimizer | Sequence[Optimizer] | None) -> list[Optimizer]:
-    if optimizer is None:
-        return []
-    given: list[Any] = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-    items: list[Optimizer] = []
-    for item in given:
-        if not isinstance(item, Optimizer):
-            raise usage_error(
-                "`capture_step(optimizer=...)`",
-                f"expected a torch.optim.Optimizer or a list of them, got {type(item).__name__}",
-                "pass the optimizer(s) the step function calls `.step()` on",
-            )
-        items.append(item)
-    return items
+        return capture_compiled(fn, compile=compile, model=model, optimizers=optimizer, options=options)
+    # `optimizer=` is checked by the step, in the agreement of its constructor: a wrong
+    # one on one rank makes every rank raise.
+    return CapturedStep(fn, model=model, optimizers=optimizer, options=options)

@@ -30,13 +30,13 @@ from .agreement import Action, Outcome
 from .backend_choice import choose_backend, needs_adoption
 from .backends import CudaGraphBackend
 from .call_guard import unservable
-from .checked_steps import CheckedSteps
+from .checked_calls import CheckedCalls
 from .distributed import current_rank
 from .errors import DdpGraphUsageError
 from .findings import Code, Finding
-from .inputs import check_supported, leaf_paths, stage_leaves
+from .inputs import stage_leaves, unflatten_call
 from .integrations.accelerate import unwrap_optimizers
-from .options import CaptureOptions
+from .options import CaptureOptions, as_optimizers
 from .param_guard import ParamLayout
 from .parity import ParityRun
 from .probe import host_sync_probe
@@ -46,12 +46,7 @@ from .same_path import eager_code_paths, report_capture_branch
 from .snapshot import Restorable, failed_capture_undo
 from .step_optimizers import StepOptimizers
 from .step_record import Captured, Report, StepState, has_peers
-from .warmup import (
-    MIN_WARMUP_ITERATIONS,
-    default_warmup_steps,
-    step_is_capturable,
-    steps_until_capturable,
-)
+from .warmup import checked_warmup, default_warmup_steps, step_is_capturable, steps_until_capturable
 from .watchdog import ReplayWatchdog, watch_replays
 
 __all__ = ["NON_DDP_WARMUP_STEPS", "CapturedStep"]
@@ -64,17 +59,17 @@ R = TypeVar("R")
 NON_DDP_WARMUP_STEPS = 3
 
 
-class CapturedStep(CheckedSteps[R]):
+class CapturedStep(CheckedCalls[R]):
     """A training step that warms up eagerly, is captured once, then replays.
 
     Call it like the function it wraps. Build it with `capture_step`.
     """
 
-    def __init__(self, fn: Callable[..., R], *, model: nn.Module, optimizers: Sequence[Optimizer], options: CaptureOptions) -> None:
+    def __init__(
+        self, fn: Callable[..., R], *, model: nn.Module, optimizers: Optimizer | Sequence[Optimizer] | None, options: CaptureOptions
+    ) -> None:
         super().__init__(fn, model, options, shared=has_peers(model))
-        # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
-        inner, wrapper_refusal = unwrap_optimizers(optimizers)
-        self._optim = StepOptimizers(inner, self._device)
+        self._optim = StepOptimizers([], self._device)
         self._generators = list(options.generators)
         self._restorables: list[Restorable] = [options.scaler] if options.scaler is not None else []
         self._counter = ddp_tools.forward_counter(model)
@@ -90,10 +85,13 @@ class CapturedStep(CheckedSteps[R]):
         self._watch_values(fn)
         # Everything that can be wrong on one rank only is found before the agreement,
         # and nothing is changed before it: a usage error makes every rank raise.
-        usage = refusal = None
+        usage = refusal = wrapper_refusal = None
         try:
             options.check()
-            self._capture_after = self._validate_warmup(options.warmup_steps)
+            # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
+            inner, wrapper_refusal = unwrap_optimizers(as_optimizers(optimizers))
+            self._optim = StepOptimizers(inner, self._device)
+            self._capture_after = checked_warmup(isinstance(model, DDP), self._counter, options.warmup_steps, NON_DDP_WARMUP_STEPS)
             self._backend, self._stream, refusal = choose_backend(model, self._device, options.backend, options.stream)
             if refusal is None and self._backend is not None:
                 refusal = generators_refusal(self._generators, self._device, isinstance(self._backend, CudaGraphBackend))
@@ -136,10 +134,12 @@ class CapturedStep(CheckedSteps[R]):
             options.replay_timeout, options.on_replay_timeout, step_name=getattr(fn, "__qualname__", "step"),
             group=ddp_tools.process_group_of(model), device=self._device, close=self.close,
         )
+        self._peers = self._watchdog.board.describe_others
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if self._watchdog is not None:
             self._watchdog.check()  # raises on every call after a replay timed out
+            self._watchdog.calls = self.stats.calls + 1
         return super().__call__(*args, **kwargs)
 
     def hold(self) -> None:
@@ -152,29 +152,10 @@ class CapturedStep(CheckedSteps[R]):
         self._gate_open = True
         self._capture_after = self.stats.warmup_steps + max(1, warmup_steps)
 
-    def _validate_warmup(self, warmup_steps: int | None) -> int:
-        is_ddp = isinstance(self._model, DDP)
-        forwards = self._counter.count if self._counter else 0
-        if warmup_steps is None:
-            return default_warmup_steps(forwards) if is_ddp else NON_DDP_WARMUP_STEPS
-        exact = self._counter is not None and self._counter.exact
-        if is_ddp and exact and forwards + warmup_steps < MIN_WARMUP_ITERATIONS:
-            raise DdpGraphUsageError(
-                Finding(
-                    Code.WARMUP_TOO_SHORT,
-                    f"expected at least {MIN_WARMUP_ITERATIONS - forwards} warm-up steps for "
-                    f"this DDP model ({forwards} iterations run so far), got {warmup_steps}",
-                    f"use `warmup_steps={MIN_WARMUP_ITERATIONS - forwards}` or more, or leave it "
-                    "out for the default",
-                    subject="`capture_step(warmup_steps=...)`",
-                )
-            )
-        return warmup_steps
-
     # ----------------------------------------------------------------- warm-up and capture
     def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         if self.stats.warmup_steps == 0:
-            check_supported(args, kwargs)
+            self._agree_arguments(args, kwargs)
         due = self._gate_open and self.stats.warmup_steps + 1 >= self._capture_after
         if due and self._probed:
             return self._capture_call(args, kwargs, leaves, spec)
@@ -190,7 +171,9 @@ class CapturedStep(CheckedSteps[R]):
         before = self._counter.count if self._counter else 0
         hyper = self._optim.hyperparameters()
         staged = stage_leaves(leaves, self._device)
-        watch = ProbeWatch(staged, leaf_paths(args, kwargs), self._optim.optimizers)
+        call = (args, kwargs) if staged is leaves else unflatten_call(staged, spec)
+        self._given = (*call, staged)  # the containers the watch sees are the step's
+        watch = ProbeWatch(self._fn, call, self._optim.optimizers)
         self._values.arm(leaves, spec, leaf_paths(args, kwargs), probe=True)
         with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe, watch.watching():
             out = self._eager(staged, spec)
@@ -200,7 +183,11 @@ class CapturedStep(CheckedSteps[R]):
         # step also synchronises reading the mirrored tensors, and moving it is the fix.
         # A synchronisation inside a library is left to the capture to judge: libraries
         # that test for a capture skip it there (see `ProbeResult.findings`).
-        findings = self._optim.changed_by_step(hyper) + probe.findings(defer_library=True) + watch.findings() + self._values.probe_findings()
+        accumulates = [self._grad_sync.finding] if self._grad_sync.finding else []  # this call or an earlier one
+        findings = (
+            accumulates + self._optim.changed_by_step(hyper) + probe.findings(defer_library=True) + watch.findings()
+            + self._values.probe_findings()
+        )
         self._library_syncs = probe.deferred()
         if self._library_syncs:
             log.info("a library synchronised in the probe step; the capture will tell: %s", self._library_syncs[0].format())
@@ -228,6 +215,7 @@ class CapturedStep(CheckedSteps[R]):
             self.stats.warmup_steps += 1
             return self._eager(leaves, spec)
         self._optim.prepare()  # a param group added during warm-up gets its tensor lr
+        self._grad_sync.before_call()
         return self._record_call(args, kwargs, leaves, spec)
 
     def _recordable_now(self) -> bool:
@@ -292,7 +280,11 @@ class CapturedStep(CheckedSteps[R]):
     # ----------------------------------------------------------------- captured
     def _policy_check(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
         assert self._layout is not None
-        report = self._values.take_report() or self._layout.check() or self._optim.check(self._options.on_failure)
+        unsynced = self._grad_sync.entered_unsynced(self.stats.calls)
+        report = (
+            Report(unsynced, Action.EAGER) if unsynced
+            else self._values.take_report() or self._layout.check() or self._optim.check(self._options.on_failure)
+        )
         if report is None and self._options.on_input_change == "raise":
             changed = unservable(record, self._model, args, kwargs, leaves, spec)
             if changed is not None:
@@ -327,6 +319,7 @@ class CapturedStep(CheckedSteps[R]):
         self._optim.forget()
         self._layout = None
         self._probed = False
+        self._grad_sync.reset()
         self._capture_after = self.stats.warmup_steps + 1
         self._setup_refusal = self._optim.prepare()
 

@@ -30,7 +30,7 @@ def capture_compiled(
     *,
     compile: object,
     model: nn.Module,
-    optimizers: Sequence[Optimizer],
+    optimizers: Optimizer | Sequence[Optimizer] | None,
     options: CaptureOptions,
 ) -> Any:
     if not _BUILDERS:

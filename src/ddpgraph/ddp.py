@@ -22,7 +22,8 @@ _COUNTER_ATTR = "_ddpgraph_counter"
 
 
 class ForwardCounter:
-    """Counts DDP forwards that the reducer counts (grad enabled and gradient sync on).
+    """Counts DDP forwards that the reducer counts (grad enabled and gradient sync on),
+    and, in `unsynced`, those with grad enabled under `no_sync()`.
 
     `exact` is False when the counter was attached to a model that had already run,
     and the count before that is an estimate.
@@ -31,6 +32,7 @@ class ForwardCounter:
     def __init__(self, start: int = 0, exact: bool = True) -> None:
         self.count = start
         self.exact = exact
+        self.unsynced = 0
 
     def __call__(self, module: nn.Module, args: Any) -> None:
         # Mirrors the condition under which DDP._pre_forward calls prepare_for_forward.
@@ -38,8 +40,12 @@ class ForwardCounter:
             module, "_delay_all_reduce_all_params", False
         ):
             return
-        if torch.is_grad_enabled() and getattr(module, "require_backward_grad_sync", True):
+        if not torch.is_grad_enabled():
+            return
+        if getattr(module, "require_backward_grad_sync", True):
             self.count += 1
+        else:
+            self.unsynced += 1
 
 
 def prepare_ddp(model: nn.Module, **ddp_kwargs: Any) -> DDP:

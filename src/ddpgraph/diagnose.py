@@ -171,6 +171,28 @@ def _unique(findings: list[Finding]) -> list[Finding]:
     return list(kept.values())
 
 
+def raised_by_step(err: CaptureError) -> bool:
+    """Whether a recording failed because the step itself raised, as it would have raised
+    eagerly: an exception other than a RuntimeError (the type PyTorch and CUDA raise for
+    what cannot be recorded, and what ddpgraph's CPU backends raise for it too), with the
+    recording still valid when it was closed."""
+    cause = err.cause
+    return cause is not None and err.end_error is None and not isinstance(cause, RuntimeError)
+
+
+def step_raised_finding(error: BaseException, call: int) -> Finding:
+    """What the other ranks are told when this rank's step raised on the capture call."""
+    return Finding(
+        Code.RANK_STOPPED,
+        f"the step raised `{first_line(error)}` on call {call}, the capture call; every rank "
+        "raises on this call, as none can go on without it (training state as before the call)",
+        "fix the error on the rank named; where the step raises on purpose, catch the "
+        "exception on every rank or on none, so that all of them make the same calls",
+        subject="`CapturedStep` call",
+        location=error_location(error),
+    )
+
+
 def finding_from_error(error: BaseException, warnings_seen: Iterable[str] = ()) -> Finding:
     """The finding for one exception raised while a step was being recorded."""
     return capture_findings([error], warnings_seen)[0]

@@ -34,16 +34,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import ddp as ddp_tools
 from .agreement import Action, Decision, Outcome, agree
-from .attempt import hold, record_attempt
+from .attempt import hold, raise_agreed, record_attempt
 from .backends import GraphBackend
 from .distributed import current_rank
-from .eager_call import run_eager_call
+from .eager_call import GivenCall, run_eager_call
 from .errors import DdpGraphError
-from .fallback import UnservedCalls, capture_again, fall_back
+from .fallback import UnservedCalls, awaiting_decision, capture_again, fall_back
 from .family import GraphFamily, shared_pool
 from .findings import Code, Finding
 from .inputs import flatten_call
 from .options import CaptureOptions
+from .peers import NamingStoppedRanks, NoBoard
 from .step_record import Captured, Report, StepState, StepStats
 from .streams import can_run_graphs
 
@@ -82,15 +83,22 @@ class CaptureEngine(Generic[R]):
         self._stream: torch.cuda.Stream | None = None
         self._unserved = UnservedCalls(options.on_input_change)
         self._force_eager = False
+        self._given: GivenCall | None = None  # this call's own arguments
+        self._peers: Callable[[], str] = NoBoard().describe_others  # what they last published
 
     # ----------------------------------------------------------------- surface
     @property
     def state(self) -> StepState:
+        """What runs: `eager` too from the call on which this rank reported a change."""
+        if self._pending is not None and self._state is StepState.CAPTURED:
+            return StepState.EAGER
         return self._state
 
     @property
     def reason(self) -> Finding | None:
         """Why the step is not (or no longer) captured; None while all is well."""
+        if self._pending is not None and self._state is StepState.CAPTURED:
+            return awaiting_decision(self._pending.finding, self.stats.calls + max(1, self._every - self._since_decision))
         return self._reason
 
     @property
@@ -138,6 +146,7 @@ class CaptureEngine(Generic[R]):
             raise DdpGraphError(Finding(Code.STEP_CLOSED, "this step was closed", subject=self.subject))
         self.stats.calls += 1
         leaves, spec = flatten_call(args, kwargs)
+        self._given = (args, kwargs, leaves)
         if self._state is StepState.CAPTURED:
             return self._serve(args, kwargs, leaves, spec)
         if self._state is StepState.EAGER:
@@ -163,15 +172,16 @@ class CaptureEngine(Generic[R]):
         self.close()
 
     def __repr__(self) -> str:
-        reason = f", reason={self._reason.code.value}" if self._reason else ""
-        return f"{type(self).__name__}(state={self._state.value}, backend={self.backend_name}{reason})"
+        reason = f", reason={self.reason.code.value}" if self.reason else ""
+        return f"{type(self).__name__}(state={self.state.value}, backend={self.backend_name}{reason})"
 
     # ----------------------------------------------------------------- the decision point
     def _decide(self, outcome: Outcome) -> Decision:
         """The one place where ranks agree; every transition below follows its answer."""
         if not self._shared:
             return Decision([outcome])
-        return agree(outcome, self._group, self._device)
+        with NamingStoppedRanks("the agreement of the ranks", self.stats.calls, self._peers):
+            return agree(outcome, self._group, self._device)
 
     def _outcome(self, findings: list[Finding], action: Action = Action.EAGER, forwards: int = 0, forwards_per_step: int = 0) -> Outcome:
         return Outcome(current_rank(), not findings, findings, forwards, forwards_per_step, action=action if findings else Action.CONTINUE)
@@ -215,7 +225,11 @@ class CaptureEngine(Generic[R]):
         return self._replay(record, leaves)
 
     def _replay(self, record: Captured, leaves: list[Any]) -> R:
-        outputs: R = record.recording.replay(leaves)
+        try:
+            outputs: R = record.recording.replay(leaves)
+        except RuntimeError as err:  # a replay that waits on the host (the CPU backends)
+            NamingStoppedRanks(f"replay {self.stats.replays + 1}", self.stats.calls, self._peers).name(err)
+            raise
         self._family.replayed(record)
         self._policy_after_replay(record)
         self.stats.replays += 1
@@ -269,14 +283,17 @@ class CaptureEngine(Generic[R]):
             # buckets, with a collective.
             ddp_tools.reset_reducer(self._model)
         attempt.after_failure()
+        if decision.step_raised:
+            raise_agreed(self, decision, attempt.raised)
         self._give_up(self._summarise(decision))
         self.stats.eager_steps += 1
         return self._eager(leaves, spec)
 
     # ----------------------------------------------------------------- shared pieces
     def _eager(self, leaves: list[Any], spec: Any) -> R:
-        with self._policy_running("eager"):
-            return run_eager_call(self._fn, leaves, spec, self._device, self._stream)
+        stopped = NamingStoppedRanks("an eager step's collective", self.stats.calls, self._peers)
+        with self._policy_running("eager"), stopped:
+            return run_eager_call(self._fn, leaves, spec, self._device, self._stream, self._given)
 
     def _summarise(self, decision: Decision) -> Finding:
         self._findings = decision.findings

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import replace
 from typing import Literal
 
 from .distributed import current_rank
@@ -77,3 +78,12 @@ class UnservedCalls:
                 DdpGraphWarning,
                 stacklevel=5,
             )
+
+
+def awaiting_decision(finding: Finding, decided_at: int) -> Finding:
+    """A finding this rank reported, as `reason` gives it until the ranks decide on it (the
+    rank runs the step eagerly meanwhile)."""
+    return replace(
+        finding,
+        happened=f"{finding.happened}; this rank runs the step eagerly until the ranks decide together, at call {decided_at}",
+    )

@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_map
 
 from . import ddp as ddp_tools
 from .agreement import Outcome
-from .attempt import hold, record_attempt
+from .attempt import hold, raise_agreed, record_attempt
 from .distributed import current_rank
 from .engine import CaptureEngine
 from .fallback import fall_back
@@ -64,11 +64,12 @@ def add_graph_call(
     out: list[R] = []
     captured: Captured | None = None
     after_failure: Callable[[], None] = _nothing
+    raised: BaseException | None = None
     if adding:
         buffer_sync = ddp_tools.will_sync_buffers(step._model)
         # With a backend that runs it, the recording is this call's step (`out`).
         attempt = record_attempt(step, leaves, spec, step._family.pool, ran=out)
-        outcome, after_failure = attempt.outcome, attempt.after_failure
+        outcome, after_failure, raised = attempt.outcome, attempt.after_failure, attempt.raised
         if not runs:
             out.clear()  # recorded, not run: the call's step is the replay below
         if attempt.graph is not None:
@@ -78,6 +79,12 @@ def add_graph_call(
     elif runs:
         out.append(serve())
     decision = step._decide(outcome)
+    if decision.step_raised:
+        if adding and not out:
+            after_failure()
+        if decision.reducer_needs_reset:
+            ddp_tools.reset_reducer(step._model)
+        raise_agreed(step, decision, raised)
     if not decision.ok:
         fall_back(decision.summary(), "eager", continues=_FAILED, stacklevel=4)
     if decision.reducer_needs_reset:

@@ -50,6 +50,7 @@ class Code(str, enum.Enum):
     NON_FINITE_LOSS = "NON_FINITE_LOSS"
     REPLAY_TIMED_OUT = "REPLAY_TIMED_OUT"
     PARITY_MISMATCH = "PARITY_MISMATCH"
+    RANK_STOPPED = "RANK_STOPPED"
 
 
 @dataclass(frozen=True)
@@ -260,6 +261,14 @@ CATALOG: dict[Code, CodeInfo] = {
         "Read the size in the message: a rounding-sized difference from a nondeterministic "
         "kernel can be allowed with `ParityCheck(rtol=...)`; a large one means the graph is "
         "wrong, so keep training eager (the default answer) and report it.",
+    ),
+    Code.RANK_STOPPED: CodeInfo(
+        "Another rank stopped running the step",
+        "A rank's step raised, or the rank stopped calling the step (or called it fewer "
+        "times), so a collective of the step (an agreement of the ranks, a replay's or an "
+        "eager step's all-reduce) could not complete; the message names the rank and the call.",
+        "Look at the named rank's own error. Every rank must call the step the same number "
+        "of times: catch an exception raised by the step on every rank or on none.",
     ),
 }
 

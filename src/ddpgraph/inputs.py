@@ -232,8 +232,11 @@ def stage_device(t: torch.Tensor, device: torch.device | None) -> torch.device:
 
 
 def stage_leaves(leaves: list[Any], device: torch.device | None) -> list[Any]:
-    """Eager-path counterpart of `StaticInputs`: CPU tensors moved to `device`."""
+    """Eager-path counterpart of `StaticInputs`: CPU tensors moved to `device`; `leaves`
+    itself when none needs moving."""
     if device is None or device.type != "cuda":
+        return leaves
+    if not any(isinstance(x, torch.Tensor) and x.device.type == "cpu" for x in leaves):
         return leaves
     return [
         x.to(device, non_blocking=True)

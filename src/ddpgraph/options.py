@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim import Optimizer
 
 from . import ddp as ddp_tools
 from .backends import GraphBackend
@@ -155,3 +156,21 @@ class CaptureOptions:
         """The stream eager steps of `model` run on: the given one, or the one
         `prepare_ddp` built it on; None (the caller's stream) otherwise."""
         return self.stream or ddp_tools.built_on_stream(model)
+
+
+def as_optimizers(optimizer: Optimizer | Sequence[Optimizer] | None) -> list[Optimizer]:
+    """The optimizers of `capture_step(optimizer=...)` as a list; the usage error for
+    anything that is not a torch optimizer."""
+    if optimizer is None:
+        return []
+    given: list[Any] = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    items: list[Optimizer] = []
+    for item in given:
+        if not isinstance(item, Optimizer):
+            raise usage_error(
+                "`capture_step(optimizer=...)`",
+                f"expected a torch.optim.Optimizer or a list of them, got {type(item).__name__}",
+                "pass the optimizer(s) the step function calls `.step()` on",
+            )
+        items.append(item)
+    return items

@@ -307,7 +307,7 @@ class RecordingBackend(InjectedFailures):
         generators: Sequence[torch.Generator] = (),
     ) -> CapturedGraph:
         if stream is not None:
-            raise CaptureError(ValueError("the recording backend records CPU steps; a CUDA step needs CudaGraphBackend"))
+            raise CaptureError(RuntimeError("the recording backend records CPU steps; a CUDA step needs CudaGraphBackend"))
         recorder = _Recorder()
         cpu_rng = torch.get_rng_state()
         put_back_generators = keep_states(generators)
@@ -317,6 +317,8 @@ class RecordingBackend(InjectedFailures):
                 outputs = fn()
         except BaseException as exc:
             recorder.undo(poison=False)
+            if not isinstance(exc, Exception):
+                raise  # an interrupt or an exit: as from an eager step
             if isinstance(exc, HostReadInCapture):
                 _end_traceback_at_the_read(exc)
             raise CaptureError(exc) from exc

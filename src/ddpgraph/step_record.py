@@ -78,8 +78,9 @@ class Captured:
 @dataclass(frozen=True)
 class Attempt:
     """One recording of the step on static copies of a call's inputs, before the ranks
-    agree on it: the graph (None when it failed), this rank's outcome, and how to put
-    the training state back after a stand-in's recording or a failure."""
+    agree on it: the graph (None when it failed), this rank's outcome, how to put the
+    training state back after a stand-in's recording or a failure, and the exception the
+    step itself raised, if it did (`diagnose.raised_by_step`)."""
 
     graph: CapturedGraph | None
     static: StaticInputs
@@ -87,3 +88,4 @@ class Attempt:
     after_stand_in: Callable[[], None]
     after_failure: Callable[[], None]
     seconds: float
+    raised: BaseException | None = None

@@ -23,6 +23,8 @@ step the host work of an eager step is most of its time anyway.
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -82,6 +84,7 @@ class ValueChecks:
     def wrap(self, fn: Callable[..., R]) -> Callable[..., R]:
         """`fn`, watched on the calls `arm` and `arm_check` chose."""
 
+        @functools.wraps(fn)  # what reads the step's signature and source sees the user's
         def watched(*args: Any, **kwargs: Any) -> R:
             armed, self._armed = self._armed, None
             if armed is None:

@@ -18,6 +18,13 @@ sampled: k >= 12 and k % 100 not in (0, 1). The reducer source calls this
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .errors import DdpGraphUsageError
+from .findings import Code, Finding
+
+if TYPE_CHECKING:
+    from .ddp import ForwardCounter
 
 FIRST_SAMPLED_ITERATIONS = 10
 DEFAULT_SAMPLE_RATE = 100
@@ -78,3 +85,25 @@ def default_warmup_steps(forwards_before: int, sample_rate: int = DEFAULT_SAMPLE
     """Warm-up steps needed before capture, assuming one synced forward per step, and
     never fewer than one (the last warm-up step is the host-sync probe)."""
     return 1 + steps_until_capturable([forwards_before + 1], 1, sample_rate)
+
+
+def checked_warmup(is_ddp: bool, counter: ForwardCounter | None, warmup_steps: int | None, without_ddp: int) -> int:
+    """The warm-up steps of a step whose model is DDP (`is_ddp`, its reducer's iterations
+    counted by `counter`) or not (`without_ddp` steps): the default for it, or the one
+    given; WARMUP_TOO_SHORT (a usage error) when DDP needs more than given."""
+    forwards = counter.count if counter else 0
+    if warmup_steps is None:
+        return default_warmup_steps(forwards) if is_ddp else without_ddp
+    exact = counter is not None and counter.exact
+    if is_ddp and exact and forwards + warmup_steps < MIN_WARMUP_ITERATIONS:
+        raise DdpGraphUsageError(
+            Finding(
+                Code.WARMUP_TOO_SHORT,
+                f"expected at least {MIN_WARMUP_ITERATIONS - forwards} warm-up steps for "
+                f"this DDP model ({forwards} iterations run so far), got {warmup_steps}",
+                f"use `warmup_steps={MIN_WARMUP_ITERATIONS - forwards}` or more, or leave it "
+                "out for the default",
+                subject="`capture_step(warmup_steps=...)`",
+            )
+        )
+    return warmup_steps

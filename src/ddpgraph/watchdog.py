@@ -62,7 +62,10 @@ Policy = Literal["abort", "report"]
 ReplayTimeout = float | Literal["group"] | None
 EXIT_CODE = 86  # the exit status of a process the watchdog ended
 EXIT_GRACE_S = 30.0
-_indices = itertools.count()
+# Board indices name the same step on every rank: steps of a DDP model count up; steps
+# without a process group (group None), which another rank may not have (an EMA model),
+# count down, so that they never shift the others.
+_indices, _solo_indices = itertools.count(), itertools.count(-1, -1)
 # The current stream's CUDA handle, without building a Stream object (CUDA builds only).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _SAVE_CODE = torch.serialization.save.__code__
@@ -175,6 +178,7 @@ class ReplayWatchdog:
         self.checkpoint_wait_s = checkpoint_wait_s if checkpoint_wait_s is not None else wait
         self.replays = 0
         self.finished = 0
+        self.calls: int | None = None  # the step's calls, set by the step, published with the replays
         self.failure: Finding | None = None
         self.reported: list[Finding] = []
         self.aborted_with = ""
@@ -227,6 +231,8 @@ class ReplayWatchdog:
     def close(self) -> None:
         """Stop watching. After an abort the exit deadline stays: the process must end."""
         self._stop.set()
+        if self.calls is not None and self.failure is None:  # for a peer waiting for this rank
+            self.board.publish(self.replays, self.finished, calls=self.calls)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread() and self.failure is None:
             thread.join(timeout=max(1.0, 4 * self.poll_s))
@@ -236,7 +242,7 @@ class ReplayWatchdog:
         """Retire finished replays, publish progress, report a late one. True when the
         policy says to act (the caller then runs `act`)."""
         self._retire(now)
-        self.board.maybe_publish(self.replays, self.finished, now)
+        self.board.maybe_publish(self.replays, self.finished, now, self.calls)
         if not self._pending or self.timeout_s is None:
             return False
         replay, launched, _ = self._pending[0]
@@ -338,7 +344,7 @@ def _board_for(group: Any, rank: int, timeout_s: float) -> PeerBoard | NoBoard:
     if store is None:
         return NoBoard()
     publish_s = min(5.0, max(0.05, timeout_s / 4))
-    return PeerBoard(store, next(_indices), rank, groups.ranks_of(group), publish_s)
+    return PeerBoard(store, next(_indices if group is not None else _solo_indices), rank, groups.ranks_of(group), publish_s)
 
 
 def check_options(replay_timeout: object, on_replay_timeout: object) -> None:
@@ -379,8 +385,5 @@ def watch_replays(
     process group's), and the step's bound `close` registered to run at interpreter exit."""
     check_options(replay_timeout, on_replay_timeout)
     teardown.close_at_exit(close)
-    if replay_timeout is None:
-        timeout: float | None = None
-    else:
-        timeout = groups.timeout_s(group) if replay_timeout == "group" else float(replay_timeout)
+    timeout = None if replay_timeout is None else groups.timeout_s(group) if replay_timeout == "group" else float(replay_timeout)
     return ReplayWatchdog(timeout, on_replay_timeout, step_name, group, device=device)

@@ -3,10 +3,13 @@ instrumented workers, the merged report and the exit status."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from doctor_scripts.expect import expectations, marked, run_doctor, summary
+from doctor_scripts.expect import expectations, marked, run_doctor, script, summary
+from processes import running
 
 pytestmark = pytest.mark.multiprocess
 
@@ -36,10 +39,14 @@ def test_failing_script_is_reported_at_its_line_on_every_rank() -> None:
     assert "Traceback" in output  # the script's traceback is still printed
 
 
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="lists processes through /proc")
 def test_hanging_script_is_stopped_and_each_rank_located() -> None:
     # Long enough for both ranks to start and reach their lines on a loaded 2-core machine
-    # (about 5-8 s there); the test waits out the whole limit.
+    # (about 5-8 s there); the test waits out the whole limit. Both ranks hang in a
+    # collective, where no SIGTERM handler runs: the doctor still leaves nothing running,
+    # and its output pipes close (run_doctor reads them to the end).
     status, report, output = run_doctor("cpu_hang.py", timeout=25)
+    assert running(str(script("cpu_hang.py"))) == []
     assert status == 1, output[-3000:]
     assert report["timed_out"] is True
     lines = marked("cpu_hang.py")["SCRIPT_TIMED_OUT"]

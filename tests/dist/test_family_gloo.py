@@ -1,6 +1,7 @@
 """Families of graphs across 2 and 4 gloo processes whose batch shapes differ on the same
 call (tests/scenarios/cpu_family.py): training equals eager bit for bit on every rank,
-and nothing hangs."""
+and nothing hangs, with the stand-in and with the recording backend (whose replays run
+no Python and replay the recorded collectives)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from launcher import ok, run_scenarios
+from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
 
@@ -25,7 +27,7 @@ Results = dict[str, list[dict[str, Any]]]
 @pytest.fixture(scope="module", params=[2, 4], ids=["2proc", "4proc"])
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Results:
     nproc = int(request.param)
-    return run_scenarios(SCRIPT, SCENARIOS, tmp_path_factory.mktemp(f"family{nproc}"), nproc=nproc, timeout=400)
+    return run_scenarios(SCRIPT, both_backends(SCENARIOS), tmp_path_factory.mktemp(f"family{nproc}"), nproc=nproc, timeout=400)
 
 
 def _equal_to_eager(ranks: list[dict[str, Any]]) -> None:
@@ -35,8 +37,8 @@ def _equal_to_eager(ranks: list[dict[str, Any]]) -> None:
         assert r["states"] == ["warmup"] * 11 + ["captured"] * (len(r["states"]) - 11), r
 
 
-def test_ranks_with_different_shapes_train_as_eager(results: Results) -> None:
-    ranks = ok(results["shapes_differ_every_call"])
+def test_ranks_with_different_shapes_train_as_eager(results: Results, variant: str) -> None:
+    ranks = ok(results[key("shapes_differ_every_call", variant)])
     _equal_to_eager(ranks)
     for r in ranks:
         s = r["stats"]
@@ -44,23 +46,23 @@ def test_ranks_with_different_shapes_train_as_eager(results: Results) -> None:
         assert r["warnings"] == []
 
 
-def test_graphs_are_added_only_on_decision_points(results: Results) -> None:
-    ranks = ok(results["shapes_differ_agree_every_4"])
+def test_graphs_are_added_only_on_decision_points(results: Results, variant: str) -> None:
+    ranks = ok(results[key("shapes_differ_agree_every_4", variant)])
     _equal_to_eager(ranks)
     for r in ranks:
         assert 1 <= r["stats"]["graphs"] <= 3
 
 
-def test_eviction_on_every_rank_keeps_training_equal(results: Results) -> None:
-    ranks = ok(results["shapes_differ_with_eviction"])
+def test_eviction_on_every_rank_keeps_training_equal(results: Results, variant: str) -> None:
+    ranks = ok(results[key("shapes_differ_with_eviction", variant)])
     _equal_to_eager(ranks)
     for r in ranks:
         s = r["stats"]
         assert s["graphs"] == 2 and s["evictions"] >= 1 and s["captures"] == 2 + s["evictions"], s
 
 
-def test_a_failed_added_graph_stays_on_its_rank(results: Results) -> None:
-    ranks = ok(results["added_graph_fails_on_one_rank"])
+def test_a_failed_added_graph_stays_on_its_rank(results: Results, variant: str) -> None:
+    ranks = ok(results[key("added_graph_fails_on_one_rank", variant)])
     _equal_to_eager(ranks)
     last = len(ranks) - 1
     for r in ranks:

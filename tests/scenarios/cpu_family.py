@@ -29,18 +29,19 @@ def _batches(info: DistInfo, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(s, 16, generator=gen), torch.randint(0, 4, (s,), generator=gen)) for s in sizes]
 
 
-class _FailOn(ddpgraph.PassThroughBackend):
-    """Recording fails on `rank` from its `nth` capture on (after the step ran)."""
+def _fail_on(rank: int, nth: int) -> ddpgraph.GraphBackend:
+    """The running variant's backend, whose recording fails on `rank` from its `nth`
+    capture on (after the step was recorded, as CUDA reports an invalidated capture)."""
+    base = type(harness.backend())
 
-    def __init__(self, rank: int, nth: int) -> None:
-        super().__init__()
-        self.rank, self.nth = rank, nth
+    class FailOn(base):  # type: ignore[valid-type, misc]
+        def capture(self, fn: Any, **kw: Any) -> Any:
+            graph = super().capture(fn, **kw)
+            if ddpgraph.distributed.current_rank() == rank and self.captures >= nth:
+                raise ddpgraph.CaptureError(None, RuntimeError("injected failure of an added graph"))
+            return graph
 
-    def capture(self, fn: Any, **kw: Any) -> Any:
-        graph = super().capture(fn, **kw)
-        if ddpgraph.distributed.current_rank() == self.rank and self.captures >= self.nth:
-            raise ddpgraph.CaptureError(None, RuntimeError("injected failure of an added graph"))
-        return graph
+    return FailOn()
 
 
 def _train(info: DistInfo, backend: ddpgraph.GraphBackend, n: int = 40, **kw: Any) -> dict[str, Any]:
@@ -68,19 +69,19 @@ def _train(info: DistInfo, backend: ddpgraph.GraphBackend, n: int = 40, **kw: An
 
 
 def shapes_differ_every_call(info: DistInfo) -> dict[str, Any]:
-    return _train(info, ddpgraph.PassThroughBackend(), max_graphs=3, agree_every=1)
+    return _train(info, harness.backend(), max_graphs=3, agree_every=1)
 
 
 def shapes_differ_agree_every_4(info: DistInfo) -> dict[str, Any]:
-    return _train(info, ddpgraph.PassThroughBackend(), max_graphs=3, agree_every=4)
+    return _train(info, harness.backend(), max_graphs=3, agree_every=4)
 
 
 def shapes_differ_with_eviction(info: DistInfo) -> dict[str, Any]:
-    return _train(info, ddpgraph.PassThroughBackend(), max_graphs=2, agree_every=1)
+    return _train(info, harness.backend(), max_graphs=2, agree_every=1)
 
 
 def added_graph_fails_on_one_rank(info: DistInfo) -> dict[str, Any]:
-    return _train(info, _FailOn(info.world_size - 1, 2), max_graphs=3, agree_every=1)
+    return _train(info, _fail_on(info.world_size - 1, 2), max_graphs=3, agree_every=1)
 
 
 REGISTRY = {

@@ -136,7 +136,7 @@ def _fit(info: DistInfo, *, callback: bool, epochs: int = 2, root: str | None = 
         "epoch_loss": float(trainer.callback_metrics["epoch_loss"]),
         "params": harness.params_of(module),
         "state": graph.state, "code": graph.reason.code.value if graph.reason else None,
-        "reason": graph.reason.format() if graph.reason else None, "stats": graph.stats,
+        "reason": graph.reason.format() if graph.reason else None, "stats": vars(graph.stats),
         "restored": "optimizer_step" not in vars(module), "fit_seconds": seconds,
     }
 

@@ -41,6 +41,18 @@ def test_without_cuda_the_defaults_are_cpu_sized_and_say_so() -> None:
     assert chosen.batch_sizes == {"resnet18": [32, 128]} and chosen.note is None
 
 
+def test_minutes_of_work_on_cpu_are_said_before_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    args = parse("--cpu", "--nproc", "64", "--model", "hf-gpt2")
+    said = command.slow_runs(command.plan_from_args(args), args)
+    assert len(said) == 2, said
+    assert said[0].startswith("--nproc 64 starts 64 CPU processes on 2 cores")
+    assert said[1].startswith("hf-gpt2 is a GPU-sized model and there is no GPU here")
+    quiet = parse("--cpu", "--nproc", "2")
+    assert command.slow_runs(command.plan_from_args(quiet), quiet) == []
+
+
 def test_arguments_reach_the_plan() -> None:
     plan = command.plan_from_args(
         parse(

@@ -267,3 +267,34 @@ def test_the_published_results_load_under_the_new_names() -> None:
     # The summary of the renamed rows is the one published with the file.
     assert row["compile_speedup"] == pytest.approx(data["summary"][0]["compile_speedup"])
     assert row["speedup_vs_eager"] == pytest.approx(data["summary"][0]["speedup_vs_eager"])
+
+
+def cpu_report() -> Report:
+    """A run without CUDA: `whole` captured with the CPU recording backend."""
+    setup = {**SETUP, "backend": "gloo", "device": "x86_64", "cuda": None, "nccl": None, "settings": {"amp": "off"}}
+    results = [
+        _ok("eager", 20.0, 10.0),
+        _ok("whole", 15.0, 14.0, capture_s=0.05, captured=True, note="CPU emulation: ..."),
+        StrategyResult("gpt", 8, "recipe", status="skipped", reason="needs CUDA"),
+    ]
+    return Report(setup, [{"name": "eager"}], results)
+
+
+def test_a_cpu_run_says_in_rows_summary_and_plot_that_its_captures_are_emulated(tmp_path: Path) -> None:
+    report = cpu_report()
+    fill_speedups(report)
+    data = payload(report)
+    assert report.emulated and not sample_report().emulated
+    whole = result_row(report.case("gpt", 8)["whole"], report.emulated)
+    assert whole[3] == "1.33× emulated" and whole[9] == "0.71× emulated"
+    [row] = data["summary"]
+    assert summary_row(row, report.emulated)[2:4] == ["emulated", "1.33× emulated"]
+    console = Console(width=200, record=True)
+    for part in terminal_tables(report, data["summary"]):
+        console.print(part)
+    text = console.export_text()
+    assert "emulated: without CUDA the capture is emulated on CPU" in text and " yes " not in text
+    assert "emulated" in data["markdown"] and "it is not a GPU speed-up" in data["markdown"]
+    figure, drew = speedup_figure(report)
+    assert figure is not None and not drew  # no speed-up line drawn from CPU times
+    assert not plot_speedups(report, str(tmp_path / "cpu.png")) and (tmp_path / "cpu.png").exists()

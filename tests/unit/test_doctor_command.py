@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +23,8 @@ def test_script_arguments_pass_through_untouched() -> None:
     "argv, expected",
     [
         (["doctor"], "expected a script to run"),
-        (["doctor", "no_such_script.py"], "no such file"),
+        (["doctor", "no_such_script.py"], "got no such file: 'no_such_script.py'"),
+        (["doctor", str(Path(__file__).parent)], "expected a Python script file, got a directory"),
         (["doctor", "--env", "train.py"], "expected no script"),
         (["doctor", "--nproc", "0", __file__], "expected a number >= 1"),
         (["doctor", "--timeout", "0", __file__], "expected seconds > 0"),
@@ -47,9 +49,10 @@ def test_env_json_on_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["versions"]["torch"] == str(torch.__version__)
     assert {f["name"] for f in data["features"]} >= {"CUDA graphs", "NCCL collectives inside graphs"}
     codes = [f["code"] for f in data["findings"]]
-    assert status == (1 if codes else 0)
+    # As for a script: NO_CUDA alone means nothing could be checked (3).
+    assert status == (3 if codes == [Code.NO_CUDA.value] else 1 if codes else 0)
     if not torch.cuda.is_available():
-        assert codes == [Code.NO_CUDA.value]
+        assert codes == [Code.NO_CUDA.value] and status == 3
         assert data["gpus"] == [] and data["versions"]["nccl"] is None
 
 

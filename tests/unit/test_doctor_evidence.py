@@ -14,7 +14,7 @@ from torch import nn
 
 from ddpgraph import Code, DdpGraphUsageError, Finding, Location
 from ddpgraph.diagnose import STREAM_WARNING
-from ddpgraph.doctor.failure_rules import capture_failure_findings
+from ddpgraph.doctor.failure_rules import capture_failure_findings, script_error_finding
 from ddpgraph.doctor.observed import DdpForward, DdpModel, Graph, StreamInfo
 from ddpgraph.doctor.recorder import Recorder
 from ddpgraph.doctor.records import GraphCounts, RankRecord, RankStatus
@@ -185,3 +185,14 @@ def test_the_terminal_report_says_plainly_that_nothing_was_checked() -> None:
     render(build_report("t.py", [], 2, 60, _report(no_gpu)), Console(file=out, width=120, markup=False, highlight=False))
     text = out.getvalue()
     assert "Nothing was checked because there is no GPU." in text and "No problems found" not in text
+
+
+def test_a_syntax_error_is_located_at_its_own_line() -> None:
+    try:
+        compile("import torch\n\ndef main(:\n    pass\n", "/home/user/train.py", "exec")
+    except SyntaxError as err:
+        finding = script_error_finding(err)
+    assert finding.code is Code.SCRIPT_FAILED and finding.happened.startswith("SyntaxError")
+    assert finding.location is not None
+    assert (finding.location.filename, finding.location.lineno) == ("/home/user/train.py", 3)
+    assert finding.location.source == "def main(:"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 pytest.importorskip("lightning")
@@ -65,3 +67,30 @@ def test_a_closure_of_an_unknown_shape_is_refused_once_and_runs_eagerly() -> Non
     assert callback.state == "eager" and callback.reason is not None
     assert callback.reason.code is ddpgraph.Code.UNSUPPORTED_SETUP
     assert "optimizer_step" not in vars(module)
+
+
+class Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.net(batch).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_stats_count_every_step_with_capture_steps_types_when_refused(accumulate: int) -> None:
+    """On CPU the callback refuses (NO_CUDA; or the accumulation): every optimizer step
+    runs eagerly and is counted, as `capture_step` counts them."""
+    callback = ddpgraph.lightning.CUDAGraphCallback()
+    data = torch.utils.data.DataLoader(torch.randn(40, 4), batch_size=2)
+    with pytest.warns(ddpgraph.DdpGraphWarning) if accumulate > 1 else contextlib.nullcontext():
+        _trainer(max_steps=20, callbacks=[callback], enable_checkpointing=False, enable_model_summary=False,
+                 accumulate_grad_batches=accumulate).fit(Tiny(), data)
+    assert isinstance(callback.stats, ddpgraph.StepStats) and isinstance(callback.state, ddpgraph.StepState)
+    assert callback.state is ddpgraph.StepState.EAGER
+    assert (callback.stats.calls, callback.stats.eager_steps, callback.stats.replays) == (20, 20, 0)
+    assert callback.reason is not None

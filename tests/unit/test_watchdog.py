@@ -62,10 +62,10 @@ class Board(NoBoard):
     def __init__(self) -> None:
         self.published: list[tuple[int, int, int | None]] = []
 
-    def maybe_publish(self, launched: int, finished: int, now: float) -> None:
+    def maybe_publish(self, launched: int, finished: int, now: float, calls: int | None = None) -> None:
         self.published.append((launched, finished, None))
 
-    def publish(self, launched: int, finished: int, timed_out: int | None = None) -> None:
+    def publish(self, launched: int, finished: int, timed_out: int | None = None, calls: int | None = None) -> None:
         self.published.append((launched, finished, timed_out))
 
     def describe_others(self) -> str:

@@ -41,6 +41,26 @@ def process_count(nproc: int | None, cpu: bool) -> None:
         )
 
 
+def crowded_cores(nproc: int | None, cpu: bool) -> str | None:
+    """What to say before starting more CPU processes than there are cores: they share
+    the cores, each step waits for the slowest, and the run takes minutes."""
+    on_cpu = cpu or not torch.cuda.is_available()
+    cores = os.cpu_count() or 1
+    if nproc is None or not on_cpu or nproc <= cores:
+        return None
+    return (
+        f"--nproc {nproc} starts {nproc} CPU processes on {cores} cores: they share the cores, "
+        "every step waits for the slowest of them, and starting them alone takes minutes "
+        f"(the default on CPU is 2; --nproc {cores} or fewer keeps one core each)"
+    )
+
+
+def say_before_start(lines: list[str]) -> None:
+    """Warnings the launching process prints before any worker starts."""
+    for line in lines:
+        print(f"ddpgraph: warning: {line}", file=sys.stderr, flush=True)
+
+
 def output_file(option: str, path: str | None, example: str, suffixes: tuple[str, ...] = ()) -> None:
     """Refuse a file that cannot be written at the end of the run: a folder that does not
     exist or is not writable, a path that is a folder, or (given `suffixes`) a format the

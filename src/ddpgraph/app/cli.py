@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from .job import INTERRUPTED_EXIT
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(COMMANDS[args.command][0])
-    result: int = module.main(args, args_list[1:])
+    try:
+        result: int = module.main(args, args_list[1:])
+    except KeyboardInterrupt:  # the command stopped what it started: one line is enough
+        print(f"ddpgraph {args.command}: interrupted.", file=sys.stderr)
+        return INTERRUPTED_EXIT
     return result
 
 

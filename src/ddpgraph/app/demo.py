@@ -77,6 +77,8 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     except DdpGraphUsageError as err:
         return arguments.report(err)
     if not launched_by_torchrun():
+        crowded = arguments.crowded_cores(args.nproc, args.cpu)
+        arguments.say_before_start([crowded] if crowded else [])
         return run_under_torchrun(["demo", *argv], args.nproc or (2 if args.cpu else None))
     info = init_distributed(force_cpu=args.cpu)
     try:

@@ -9,13 +9,13 @@ and does the rendezvous; nothing here replaces it.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 
 import torch
 
 from ..distributed import launched_by_torchrun
+from .job import run_job
 
 __all__ = [
     "LAUNCHER_OPTIONS",
@@ -74,6 +74,7 @@ def run_under_torchrun(module_args: Sequence[str], nproc: int | None = None) -> 
     """Run `python -m ddpgraph <module_args>` in `nproc` torchrun workers; return the exit code.
 
     The launcher's own options (`LAUNCHER_OPTIONS`) are left out of the workers' arguments.
+    Ctrl-C stops every process of the job (`job.run_job`).
     """
     n = nproc or default_nproc()
     env = dict(os.environ)
@@ -81,4 +82,4 @@ def run_under_torchrun(module_args: Sequence[str], nproc: int | None = None) -> 
     if not torch.cuda.is_available():
         env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.call(torchrun_command(worker_args(module_args), n), env=env)
+    return run_job(torchrun_command(worker_args(module_args), n), env)

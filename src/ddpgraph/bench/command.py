@@ -183,6 +183,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     except DdpGraphUsageError as err:
         return arguments.report(err)
     if not launched_by_torchrun():
+        arguments.say_before_start(slow_runs(plan, args))
         return run_under_torchrun(["bench", *argv], args.nproc or (2 if args.cpu else None))
     info = init_distributed(force_cpu=args.cpu)
     try:
@@ -204,6 +205,21 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     finally:
         shutdown()
     return 0
+
+
+def slow_runs(plan: Plan, args: argparse.Namespace) -> list[str]:
+    """What in the plan takes minutes where it will run, said before it starts: more CPU
+    processes than cores, and GPU-sized preset models on CPU."""
+    said = [arguments.crowded_cores(args.nproc, args.cpu)]
+    if not (torch.cuda.is_available() and not args.cpu):
+        big = [m.name for m in plan.models if m.name in PRESETS]
+        if big:
+            said.append(
+                f"{', '.join(big)} {'is a' if len(big) == 1 else 'are'} GPU-sized model{'s' if len(big) > 1 else ''} "
+                "and there is no GPU here: on CPU processes every row takes minutes (leave --model out "
+                "for the CPU-sized defaults, which check the setup in about a minute)"
+            )
+    return [s for s in said if s]
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
@@ -331,8 +347,9 @@ def publish(report: Report, json_path: str | None, plot_path: str | None) -> Non
         if (plot_varlen if is_varlen(report) else plot_speedups)(report, plot_path):
             out.print(f"Plot written to {plot_path}")
         else:
-            print(
-                f"{plot_path} has no lines: nothing was captured (an eager row's speedup is "
-                "noise), or eager DDP did not run.",
-                file=sys.stderr,
+            why = (
+                "without CUDA the captures are emulated on CPU, whose times are no GPU speed-up"
+                if report.emulated
+                else "nothing was captured (an eager row's speedup is noise), or eager DDP did not run"
             )
+            print(f"{plot_path} has no lines: {why}.", file=sys.stderr)

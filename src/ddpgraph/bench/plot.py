@@ -2,7 +2,9 @@
 
 Solid lines are the device feed, dashed lines the same strategy fed by the DataLoader;
 the grey line at 1 is eager DDP itself. A capturing strategy that ran eagerly (nothing
-was captured, as on CPU) is left out: its "speedup" is run-to-run noise. One legend for the whole figure, below the panels:
+was captured) is left out: its "speedup" is run-to-run noise; so is a run without CUDA,
+whose captured rows are emulated on CPU (CPU times, not a GPU speed-up). One legend for
+the whole figure, below the panels:
 with seven strategies and two feeds, a legend inside each panel covers the lines.
 Drawn with matplotlib's Agg canvas directly, so no display and no global backend
 switch is needed.
@@ -23,7 +25,7 @@ def _points(report: Report, model: str, strategy: str, feed: str) -> list[tuple[
     for batch_size in report.batch_sizes(model):
         result = report.case(model, batch_size).get(strategy)
         # A capturing strategy that ran eagerly has no speedup to show, only noise.
-        shown = result is not None and result.status == "ok" and result.captured is not False
+        shown = result is not None and result.status == "ok" and result.captured is not False and not report.emulated
         values = result.feeds.get(feed) if shown and result is not None else None
         if values is not None and values.speedup is not None:
             points.append((batch_size, values.speedup))
@@ -74,7 +76,10 @@ def speedup_figure(report: Report) -> tuple[Figure | None, bool]:
                 ax.plot(xs, ys, style, marker="o", color=colors[strategy])
         if not lines:
             ran = any(r.status == "ok" and r.strategy != BASELINE for r in report.results if r.model == model)
-            text = "nothing was captured:\nspeedups would be noise" if ran else "no results to compare"
+            if report.emulated and ran:
+                text = "no CUDA: captures emulated on CPU,\nCPU times are not GPU speed-ups"
+            else:
+                text = "nothing was captured:\nspeedups would be noise" if ran else "no results to compare"
             ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center")
         drew = drew or lines > 0
         ax.set_xscale("log", base=2)

@@ -120,6 +120,12 @@ class Report:
     def models(self) -> list[str]:
         return list(dict.fromkeys(r.model for r in self.results))
 
+    @property
+    def emulated(self) -> bool:
+        """A run without CUDA: its captured rows were recorded and replayed on CPU by the
+        recording backend, whose times are CPU times, not a GPU speed-up."""
+        return self.setup.get("cuda") is None
+
     def case(self, model: str, batch_size: int) -> dict[str, StrategyResult]:
         return {
             r.strategy: r for r in self.results if r.model == model and r.batch_size == batch_size

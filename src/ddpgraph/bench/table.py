@@ -1,8 +1,10 @@
 """The results as table cells, and the wide Markdown tables of the JSON and the docs.
 
 The terminal's narrower tables (`terminal.py`) show the same cells, built once per row
-here. A speedup of a row that ran eagerly (a capturing strategy that captured nothing,
-as everywhere on CPU) is marked `noise`: eager against eager is run-to-run variation.
+here. A speedup of a row that ran eagerly (a capturing strategy that captured nothing)
+is marked `noise`: eager against eager is run-to-run variation. On CPU a captured row is
+emulated (`Report.emulated`), and its speedup is marked `emulated`: CPU times, not a GPU
+speed-up.
 """
 
 from __future__ import annotations
@@ -61,14 +63,35 @@ NOISE_NOTE = (
 )
 
 
+EMULATED = "emulated"
+EMULATED_NOTE = (
+    f"{EMULATED}: without CUDA the capture is emulated on CPU (recorded once, replayed without "
+    "Python by ddpgraph's recording backend), so its × eager compares CPU times: it checks the "
+    "setup, it is not a GPU speed-up, and the plot leaves it out."
+)
+
+
 def times(value: float | None) -> str:
     return DASH if value is None else f"{value:.2f}×"
 
 
-def speedup(value: float | None, captured: bool | None) -> str:
-    """A speedup cell; `captured` False (a capturing strategy that ran eagerly) marks it noise."""
+def speedup(value: float | None, captured: bool | None, emulated: bool = False) -> str:
+    """A speedup cell; `captured` False (a capturing strategy that ran eagerly) marks it
+    noise, `emulated` (a run without CUDA) a captured row emulated."""
     text = times(value)
-    return f"{text} {NOISE}" if value is not None and captured is False else text
+    if value is None:
+        return text
+    if captured is False:
+        return f"{text} {NOISE}"
+    return f"{text} {EMULATED}" if emulated and captured else text
+
+
+def captured_cell(captured: bool | None, emulated: bool) -> str:
+    if captured is None:
+        return DASH
+    if captured:
+        return EMULATED if emulated else "yes"
+    return "no"
 
 
 def percent(fraction: float | None) -> str:
@@ -87,41 +110,41 @@ def _capture(result: StrategyResult) -> str:
     return f"{result.capture_s * 1000:.0f} ms"
 
 
-def _feed_cells(result: StrategyResult, feed: str) -> list[str]:
+def _feed_cells(result: StrategyResult, feed: str, emulated: bool) -> list[str]:
     values = result.feeds.get(feed)
     return [
         _ms(result, feed),
-        speedup(values.speedup if values else None, result.captured),
+        speedup(values.speedup if values else None, result.captured, emulated),
         percent(values.gpu_busy if values else None),
     ]
 
 
-def result_row(result: StrategyResult) -> list[str]:
+def result_row(result: StrategyResult, emulated: bool = False) -> list[str]:
     note = result.reason if result.status != "ok" else result.note
     return [
         str(result.batch_size),
         result.strategy,
-        *_feed_cells(result, "device"),
+        *_feed_cells(result, "device", emulated),
         throughput_cell(result),
         _capture(result),
         DASH if result.peak_memory_mib is None else f"{result.peak_memory_mib:.0f}",
-        *_feed_cells(result, "dataloader"),
+        *_feed_cells(result, "dataloader", emulated),
         note or "",
     ]
 
 
-def summary_row(row: dict[str, Any]) -> list[str]:
+def summary_row(row: dict[str, Any], emulated: bool = False) -> list[str]:
     captured = row["captured"]
     return [
         str(row["model"]),
         str(row["batch_size"]),
-        {True: "yes", False: "no"}.get(captured, DASH),
-        speedup(row["speedup_vs_eager"], captured),
-        speedup(row["speedup_vs_reduce_overhead"], captured),
+        captured_cell(captured, emulated),
+        speedup(row["speedup_vs_eager"], captured, emulated),
+        speedup(row["speedup_vs_reduce_overhead"], captured, emulated),
         signed_percent(row["overhead_vs_recipe_percent"]),
         times(row["compile_speedup"]),
         percent(row["gpu_busy"]),
-        speedup(row["dataloader_speedup_vs_eager"], captured),
+        speedup(row["dataloader_speedup_vs_eager"], captured, emulated),
         percent(row["dataloader_gpu_busy"]),
     ]
 
@@ -161,18 +184,20 @@ def markdown(report: Report, summary: list[dict[str, Any]]) -> str:
     parts: list[str] = []
     for model in report.models:
         rows = [
-            result_row(r) for b in report.batch_sizes(model) for r in report.case(model, b).values()
+            result_row(r, report.emulated) for b in report.batch_sizes(model) for r in report.case(model, b).values()
         ]
         parts += [f"**{title(report, model)}**", "", *markdown_table(RESULT_HEADERS, rows), ""]
     if summary:
         parts += [
             f"**{summary_title()}**",
             "",
-            *markdown_table(SUMMARY_HEADERS, [summary_row(r) for r in summary]),
+            *markdown_table(SUMMARY_HEADERS, [summary_row(r, report.emulated) for r in summary]),
             "",
         ]
     if f"× {NOISE}" in "\n".join(parts):
         parts += [NOISE_NOTE, ""]
+    if f"× {EMULATED}" in "\n".join(parts):
+        parts += [EMULATED_NOTE, ""]
     legend = names_legend(r.strategy for r in report.results)
     if legend:
         parts += [legend, ""]

@@ -22,6 +22,8 @@ from .compare import SUBJECT
 from .schema import FEED_TITLES, Report
 from .table import (
     DASH,
+    EMULATED,
+    EMULATED_NOTE,
     NOISE,
     NOISE_NOTE,
     RESULT_HEADERS,
@@ -95,14 +97,14 @@ def terminal_tables(report: Report, summary: list[dict[str, Any]]) -> list[Rende
     row's name runs."""
     out: list[RenderableType] = []
     feeds = [f for f in FEED_TITLES if any(f in r.feeds for r in report.results)] or ["device"]
-    noisy = False
+    noisy = emulated = False
     for model in report.models:
         notes = Notes()
         everything = [r for b in report.batch_sizes(model) for r in report.case(model, b).values()]
         # A strategy skipped here (no CUDA, not built) is one line, not a row per batch size.
         results = [r for r in everything if r.status != "skipped"]
         skipped = {r.strategy: r.reason or "" for r in everything if r.status == "skipped"}
-        cells = [result_row(r) for r in results]
+        cells = [result_row(r, report.emulated) for r in results]
         for feed in feeds:
             columns = _RESULT_COLUMNS[feed]
             rows = [[c[i] for i in columns] for c in cells]
@@ -111,13 +113,14 @@ def terminal_tables(report: Report, summary: list[dict[str, Any]]) -> list[Rende
                 for row, c in zip(rows, cells, strict=True):
                     row[1] = f"{row[1]} {notes.mark(c[-1])}".strip()
             noisy = noisy or any(NOISE in cell for row in rows for cell in row)
+            emulated = emulated or any(cell.endswith(EMULATED) for row in rows for cell in row)
             out.append(_table(f"{title(report, model)}, {FEED_TITLES[feed]}", headers, rows))
         if notes.texts:
             out.append(notes.renderable())
         if skipped:
             out.append(Text("Not run: " + "; ".join(f"{k} ({v})" for k, v in skipped.items())))
     if summary:
-        cells = [summary_row(r) for r in summary]
+        cells = [summary_row(r, report.emulated) for r in summary]
         for feed in feeds:
             columns = _SUMMARY_COLUMNS[feed]
             # Short, as a table's title wraps at the table's width; the legend says
@@ -128,6 +131,8 @@ def terminal_tables(report: Report, summary: list[dict[str, Any]]) -> list[Rende
             )
     if noisy:
         out.append(Text(NOISE_NOTE))
+    if emulated:
+        out.append(Text(EMULATED_NOTE))
     legend = names_legend(r.strategy for r in report.results if r.status != "skipped")
     if legend:
         out.append(Text(legend))

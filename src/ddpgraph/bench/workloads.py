@@ -45,7 +45,9 @@ CPU_DEFAULT_BATCH_SIZES: dict[str, list[int]] = {"gpt": [4, 16], "mlp": [16, 64]
 CPU_DEFAULTS_NOTE = (
     "No CUDA here: CPU-sized default models (gpt: 2 layers, width 64, 32 tokens; mlp: 2 "
     "layers, width 256) and batch sizes gpt 4,16 and mlp 16,64. `--model` and `--batch-sizes` "
-    "choose others. On CPU nothing is captured: the times check the setup, not the speed."
+    "choose others. On CPU the `whole` rows are emulated (recorded once and replayed without "
+    "Python by ddpgraph's recording backend): the times check the setup, not the speed, and "
+    "their × eager is marked `emulated`."
 )
 
 _CONTRACT = (

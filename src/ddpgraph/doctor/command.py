@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ..app.console import console
 from ..app.launch import default_nproc
 from ..errors import usage_error
 from . import env as env_module
-from .report import build_report, render, render_env
+from .report import build_report, exit_status, render, render_env
 from .run import run_script, script_exists
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -53,7 +54,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
             print(json.dumps(report.to_json(), indent=1))
         else:
             render_env(report, console())
-        return 1 if report.findings else 0
+        return exit_status(report.findings)
     nproc = args.nproc or default_nproc()
     result = run_script(args.script, list(args.script_args), nproc=nproc, timeout_s=args.timeout, quiet_stdout=args.json)
     doctor = build_report(args.script, list(args.script_args), nproc, args.timeout, result)
@@ -72,7 +73,8 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     if args.script is None:
         return str(usage_error("`ddpgraph doctor`", "expected a script to run", "run `ddpgraph doctor train.py [arguments]`, or `ddpgraph doctor --env`"))
     if not script_exists(args.script):
-        return str(usage_error("`ddpgraph doctor script`", f"no such file: {args.script!r}", "pass the path of a Python training script"))
+        what = "a directory" if os.path.isdir(args.script) else "no such file"
+        return str(usage_error("`ddpgraph doctor script`", f"expected a Python script file, got {what}: {args.script!r}", "pass the path of a Python training script"))
     if args.nproc is not None and args.nproc < 1:
         return str(usage_error("`--nproc`", f"expected a number >= 1, got {args.nproc}", "leave it out for one process per GPU"))
     if args.timeout <= 0:

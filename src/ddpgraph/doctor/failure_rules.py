@@ -100,6 +100,9 @@ def script_error_finding(
     machine without one.
     """
     where = error_location(error)
+    if isinstance(error, SyntaxError) and error.filename and error.lineno:
+        # Raised compiling the script: the line is the error's own, not a frame's.
+        where = Location(error.filename, error.lineno, (error.text or "").strip())
     if needs_gpu:
         return no_gpu_finding(f"`{where.source}` needs CUDA ({first_line(error)})" if where else first_line(error), where)
     if isinstance(error, DdpGraphError):

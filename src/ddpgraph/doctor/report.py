@@ -38,6 +38,14 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNCHECKED = 0, 1, 3
 _DONE = (RankStatus.FINISHED, RankStatus.FAILED)
 
 
+def exit_status(findings: list[Finding]) -> int:
+    """The doctor's exit status for `findings`, a script's or `--env`'s: NO_CUDA alone
+    means nothing could be checked (3), not a finding (1)."""
+    if findings and all(f.code is Code.NO_CUDA for f in findings):
+        return EXIT_UNCHECKED
+    return EXIT_FINDINGS if findings else EXIT_CLEAN
+
+
 @dataclass
 class DoctorReport:
     script: str
@@ -54,9 +62,7 @@ class DoctorReport:
 
     @property
     def exit_code(self) -> int:
-        if self.unchecked:
-            return EXIT_UNCHECKED
-        return EXIT_FINDINGS if self.findings else EXIT_CLEAN
+        return exit_status(self.findings)
 
     @property
     def status(self) -> str:

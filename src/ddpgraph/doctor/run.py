@@ -1,8 +1,8 @@
 """Running a script under torchrun with the doctor's workers, within a time limit.
 
 torchrun stays the launcher: the doctor starts it with `-m ddpgraph.doctor.worker` in
-place of the script, in a session of its own so that the whole job can be stopped when
-the time runs out. Before stopping a job that ran out of time, it asks every rank still
+place of the script, in a session of its own, and stops the whole job (torchrun, its
+workers, their children: `app.job`) when the time runs out or the doctor is interrupted. Before stopping a job that ran out of time, it asks every rank still
 running for its Python stacks (faulthandler, which answers even from inside a
 collective), so the report can say where each rank was waiting.
 """
@@ -24,13 +24,15 @@ from pathlib import Path
 
 import torch
 
+from ..app.job import stop_job
 from ..app.launch import torchrun_command
 from ..findings import Location
 from ..probe import location_of, user_frame
 from .records import DIR_VARIABLE, RankRecord, RankStatus, read_records, stack_dump_path
 
 _STACK_WAIT_S = 1.5
-_STOP_WAIT_S = 15.0
+# A rank that has not ended this long after SIGTERM is stuck where no handler runs.
+_STOP_WAIT_S = 5.0
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<name>.+)$')
 
 
@@ -78,9 +80,9 @@ def run_script(
         except subprocess.TimeoutExpired:
             timed_out = True
             stuck_at = _ask_for_stacks(directory, nproc, script)
-            _stop(proc)
-        except BaseException:
-            _stop(proc)
+            stop_job(proc, _STOP_WAIT_S)
+        except BaseException:  # Ctrl-C: the job goes too, and torchrun reports nothing
+            stop_job(proc, _STOP_WAIT_S, quiet=True)
             raise
         records = read_records(directory, nproc)
     finally:
@@ -126,25 +128,6 @@ def waiting_location(dump: str, script: str) -> Location | None:
             return where
         best = best or where
     return best
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop torchrun and its workers: the session started for them, and nothing else.
-
-    SIGTERM first (workers write their records on it), then SIGKILL for any process of
-    the session that is stuck where Python signal handlers cannot run.
-    """
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=_STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM:
-            time.sleep(0.5)  # let the workers finish writing before the SIGKILL
 
 
 def _stderr_fd() -> int:

@@ -23,6 +23,7 @@ runs at warm-up and capture only, as in any captured step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,7 +43,7 @@ from torch import nn
 
 from ..agreement import Outcome, agree
 from ..backends import GraphBackend
-from ..capture import CapturedStep, StepState, capture_step
+from ..capture import CapturedStep, StepState, StepStats, capture_step
 from ..ddp import model_device
 from ..distributed import current_rank
 from ..fallback import OnFailure, fall_back
@@ -137,8 +138,9 @@ class CUDAGraphCallback(pl.Callback):
 
     Arguments are those of `ddpgraph.capture_step`: `warmup_steps`, `on_failure`
     ("eager" or "raise"), and `backend` (`ddpgraph.PassThroughBackend()` runs the whole
-    path on CPU). After training, `reason` says why the step was not (or no longer)
-    captured, and `stats` what ran.
+    path on CPU). `state`, `reason` and `stats` are `capture_step`'s (`StepState`, a
+    finding, `StepStats`), during training and after it: `stats` counts every optimizer
+    step, also those that ran eagerly because the callback refused (no GPU, say).
     """
 
     def __init__(
@@ -160,22 +162,34 @@ class CUDAGraphCallback(pl.Callback):
         self._graph_calls: list[LogCall] = []  # the recorded run: what a replay logs
         self._graph_extra: dict[str, Any] = {}  # the recorded run's `training_step` extras
         self.reason: Finding | None = None
-        self.stats: dict[str, Any] = {}
-        self._last_state: str | None = None  # the step's state when training ended
+        self._stats = StepStats()  # while no captured step counts: before, after, refused
+        self._last_state: StepState | None = None  # the step's state when training ended
 
     @property
-    def state(self) -> str:
+    def state(self) -> StepState:
         """`warmup`, `captured`, `eager` or `closed`, as `CapturedStep.state`; `eager`
         when the callback refused."""
         if self._step is not None:
-            return self._step.state.value
+            return self._step.state
         if self._last_state is not None:
             return self._last_state
-        return StepState.EAGER.value if self.reason else StepState.WARMUP.value
+        return StepState.EAGER if self.reason else StepState.WARMUP
+
+    @property
+    def stats(self) -> StepStats:
+        """The captured step's counts (`capture_step`'s), with the optimizer steps that ran
+        eagerly without one."""
+        return self._step.stats if self._step is not None else self._stats
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        if self._step is None:  # refused: Lightning's own step runs, eagerly
+            self._stats.calls += 1
+            self._stats.eager_steps += 1
 
     # ----------------------------------------------------------------- hooks
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_state = None
+        self._stats = StepStats()
         refusal = lightning_refusal(trainer, pl_module)
         decision = agree(
             Outcome(current_rank(), refusal is None, [refusal] if refusal else []),
@@ -228,7 +242,7 @@ class CUDAGraphCallback(pl.Callback):
                 "the callback does not know, so it cannot give the step its batch",
                 "report the Lightning version; training runs eagerly meanwhile",
             ))
-            self._last_state = StepState.EAGER.value
+            self._last_state = StepState.EAGER
             original(epoch, batch_idx, optimizer, optimizer_closure)
             return
         self._pending = (epoch, batch_idx, optimizer, optimizer_closure, kwargs)
@@ -269,8 +283,8 @@ class CUDAGraphCallback(pl.Callback):
             self._module = None
         if self._step is not None:
             self.reason = self._step.reason
-            self.stats = dict(vars(self._step.stats))
-            self._last_state = self._step.state.value
+            self._stats = dataclasses.replace(self._step.stats, replays_per_graph=dict(self._step.stats.replays_per_graph))
+            self._last_state = self._step.state
             self._step.close()
             self._step = None
 

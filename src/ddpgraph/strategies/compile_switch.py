@@ -32,7 +32,7 @@ def capture_compiled(
     *,
     compile: object,
     model: nn.Module,
-    optimizers: Sequence[Optimizer],
+    optimizers: Optimizer | Sequence[Optimizer] | None,
     options: CaptureOptions,
 ) -> CompiledStep[R]:
     """What `capture_step(..., compile=True)` returns: the step `make_step(fn, ...,

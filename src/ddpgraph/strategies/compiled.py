@@ -124,14 +124,14 @@ class CompiledStep(StepBase[R]):
         fn: Callable[..., R],
         *,
         model: nn.Module,
-        optimizers: Sequence[Optimizer],
+        optimizers: Optimizer | Sequence[Optimizer] | None,
         spec: CompileSpec,
         options: CaptureOptions,
     ) -> None:
         super().__init__()
         self._fn = fn
         self._target = unwrap_compiled(model)
-        self._optimizers = list(optimizers)
+        self._optimizers = optimizers  # checked by the captured step, agreed on every rank
         self._options = options
         self._device = ddp_tools.model_device(self._target)
         self._compiled: InPlaceCompile | None = None

@@ -1,0 +1,65 @@
+"""`ddpgraph demo` and `ddpgraph bench` interrupted with Ctrl-C leave no process of their
+job running, close their output, and say so in one line.
+
+A terminal's Ctrl-C goes to the foreground process group: the command, which starts
+torchrun in a session of its own (its workers are in sessions of their own too). So the
+test sends SIGINT to the command alone, once the job's workers run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher import torchrun_env
+
+from ddpgraph.app.job import alive, job_processes
+
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(not Path("/proc").is_dir(), reason="lists processes through /proc"),
+]
+
+
+HANG = str(Path(__file__).parent.parent / "doctor_scripts" / "cpu_hang.py")  # both ranks hang in a collective
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["demo", "--cpu"], ["bench", "--cpu", "--model", "gpt"], ["doctor", "--nproc", "2", "--timeout", "300", HANG]],
+    ids=["demo", "bench", "doctor"],
+)
+def test_ctrl_c_stops_the_whole_job_and_prints_one_line(command: list[str]) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpgraph", *command], env=torchrun_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    job: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            job = job_processes(proc.pid)
+            if len(job) >= 4:  # the command, torchrun and its two workers
+                break
+            time.sleep(0.2)
+        assert len(job) >= 4, job
+        time.sleep(3)  # the workers import torch and meet
+        job = job_processes(proc.pid)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)  # returns once nothing holds the pipes
+    finally:  # a failing run leaves nothing either
+        for pid in [proc.pid, *job]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert [p for p in job if alive(p)] == []
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"ddpgraph{'' if command[0] != 'doctor' else ' doctor'}: interrupted"), err[-3000:]
