@@ -34,7 +34,7 @@ from .checked_calls import CheckedCalls
 from .distributed import current_rank
 from .errors import DdpGraphUsageError
 from .findings import Code, Finding
-from .inputs import stage_leaves, unflatten_call
+from .inputs import leaf_paths, stage_leaves, unflatten_call
 from .integrations.accelerate import unwrap_optimizers
 from .options import CaptureOptions, as_optimizers
 from .param_guard import ParamLayout

@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 from torch import nn
 
 from .agreement import Action, Outcome
+from .checked_steps import CheckedSteps
 from .distributed import current_rank
 from .errors import DdpGraphUsageError
-from .checked_steps import CheckedSteps
 from .findings import Finding
 from .grad_sync import GradSyncWatch
 from .inputs import check_supported

@@ -24,7 +24,6 @@ step the host work of an eager step is most of its time anyway.
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable
 from typing import Any, TypeVar
 
