@@ -40,12 +40,11 @@ __all__ = ["DEFAULT_VERIFY_EVERY", "ValueChecks", "check_interval", "doctor_inte
 
 R = TypeVar("R")
 
-# Off by default. A check call is an eager step in place of a replay, so it costs at
-# least (eager - replay) / (N * replay) of the step time. Measured on one H200
-# (GROUND_TRUTH §4-5, batch 8, bf16): GPT-2 124M eager 31.3-42.1 ms, replay 20.6;
-# ViT-S/16 24.2-33.9 and 5.5; so at N=100 that is 0.5-1.0% and 3.4-5.1% before the
-# watching itself, over the 1% a default may cost. scripts/probes/verify_cost.py
-# measures it per preset (provisional until run on the GPU: docs/training.md).
+# Off by default. A check call is a watched eager step in place of a replay, so it costs
+# (check - replay) / (N * replay) of the step time: measured on one H200 (batch 8, bf16,
+# scripts/probes/verify_cost.py, docs/gpu-runs.md run 42) at N=100 2.8% (transformers
+# GPT-2 124M), 6.3% (Llama preset), 9.7% (timm ViT-S/16), 7.6% (ResNet-50): over the 1% a
+# default may cost.
 DEFAULT_VERIFY_EVERY: int | None = None
 # Signatures remembered with their last watched call.
 _REMEMBERED = 16
