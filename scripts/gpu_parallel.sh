@@ -18,6 +18,10 @@ declare -A GROUPS_=(
   [a]="tests/gpu/test_core_gpu.py tests/gpu/test_rank_safety_gpu.py tests/gpu/test_adopt_gpu.py tests/gpu/test_presets_gpu.py"
   [b]="tests/gpu/test_training_gpu.py tests/gpu/test_strategies_gpu.py tests/gpu/test_accelerate_gpu.py tests/gpu/test_lightning_gpu.py"
   [c]="tests/gpu/test_watchdog_gpu.py tests/gpu/test_optim_gpu.py tests/gpu/test_family_gpu.py tests/gpu/test_bench_varlen_gpu.py"
+  # DataLoaders, prefetchers and threads: a fresh process per case (the longest group).
+  [e]="tests/gpu/test_feeds_gpu.py"
+  [f]="tests/gpu/test_frozen_gpu.py tests/gpu/test_schedules_gpu.py tests/gpu/test_capture_call_gpu.py"
+  [g]="tests/gpu/test_trainer_gpu.py tests/gpu/test_families_gpu.py"
   # The doctor's other GPU checks (plain runs, the library chain); its marks are scored
   # beside the groups by score.py, which runs the scripts four at a time. And the docs'
   # Python blocks on the GPU (the published benchmark command stays a stage of its own).
