@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -45,6 +44,7 @@ from .findings import Code, Finding
 from .inputs import flatten_call
 from .options import CaptureOptions
 from .peers import NamingStoppedRanks, NoBoard
+from .policy_hooks import PolicyHooks
 from .step_record import Captured, Report, StepState, StepStats
 from .streams import can_run_graphs
 
@@ -53,9 +53,9 @@ R = TypeVar("R")
 _Self = TypeVar("_Self", bound="CaptureEngine[Any]")
 
 
-class CaptureEngine(Generic[R]):
+class CaptureEngine(PolicyHooks[R]):
     """States, stats, the decision point and the transitions; the step adds its policy
-    by overriding the `_policy_*` methods."""
+    by overriding the `_policy_*` methods of `PolicyHooks`."""
 
     subject = "`CapturedStep`"
     continues = "Training continues with eager steps."
@@ -313,64 +313,3 @@ class CaptureEngine(Generic[R]):
         if self._record is not None:
             self._record.recording.release()
         self._record = None
-
-    # ----------------------------------------------------------------- policy
-    def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
-        raise NotImplementedError
-
-    def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
-        """What puts the step's state back after a stand-in recording (which ran the
-        step) and after a failed one."""
-        raise NotImplementedError
-
-    def _policy_explain(self, finding: Finding) -> Finding:
-        """The finding for a failed recording, given what the step saw before it."""
-        return finding
-
-    def _policy_recording_problem(self) -> Finding | None:
-        """Why a recording that succeeded must not be used."""
-        return None
-
-    def _policy_captured(self) -> None:
-        pass
-
-    def _policy_check(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
-        """What the guards see before a replay that the ranks must agree on."""
-        return None
-
-    def _policy_unserved(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
-        """Whether this one call runs eagerly instead (a local choice: it pairs)."""
-        return False
-
-    def _policy_after_replay(self, record: Captured) -> None:
-        pass
-
-    def _policy_agrees_now(self) -> bool:
-        """Whether this call is a decision point besides every `agree_every`-th (decided
-        from what every rank counts alike)."""
-        return False
-
-    def _policy_adds_graph(self, record: Captured) -> bool:
-        """Whether this call would add a graph for its signature (`family`)."""
-        return False
-
-    def _policy_add_graph(
-        self, adding: bool, serve: Callable[[], R], args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
-    ) -> R:
-        """The call on which some rank adds a graph (`family_capture`)."""
-        raise NotImplementedError
-
-    def _policy_running(self, phase: str) -> AbstractContextManager[Any]:
-        """What is in place while the step runs: "eager" (each eager call), "record" (in
-        the recording, and so in a stand-in's replays) or "capture" (around the capture)."""
-        return nullcontext()
-
-    def _policy_first_replay(self, record: Captured, leaves: list[Any], spec: Any) -> R:
-        """The capturing call's step (a check of the graph may run it instead)."""
-        return self._replay(record, leaves)
-
-    def _policy_recapture(self) -> None:
-        pass
-
-    def _policy_close(self) -> None:
-        pass
