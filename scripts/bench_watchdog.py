@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from ddpgraph.peers import NoBoard
-from ddpgraph.watchdog import FinishedEvent, ReplayWatchdog
+from ddpgraph.agreement.peers import NoBoard
+from ddpgraph.watchdog.watch import FinishedEvent, ReplayWatchdog
 
 
 def per_call_us(fn, n: int, before=None) -> float:  # type: ignore[no-untyped-def]

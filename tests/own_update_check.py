@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from ddpgraph.own_step import OwnStep
-from ddpgraph.own_updates import own_update
+from ddpgraph.optimizer.own_step import OwnStep
+from ddpgraph.optimizer.own_updates import own_update
 
 # A schedule's values for the live hyper-parameter, changing every step.
 CYCLE = [0.9, 0.87, 0.8743, 0.95, 0.85, 0.9]

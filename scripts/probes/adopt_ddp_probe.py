@@ -8,12 +8,12 @@ rest of a process) with a one-rank NCCL group, and prints one PASS/FAIL line:
   a  DDP built on the default stream, warmed up 12 steps there, captured on a side
      stream with nothing done about its accumulators        (expected: FAIL)
   b  the same, with the reducer rebuilt on the side stream before warm-up
-     (`ddpgraph.adopt.rebuild_reducer`), then warmed up and captured on it; the replays
+     (`ddpgraph.ddp.adopt.rebuild_reducer`), then warmed up and captured on it; the replays
      must train equal to a twin DDP trained eagerly on the default stream (expected: PASS)
   c  the same as a, but with torch's `set_override_stale_capture_stream(True)` during
      the capture (SKIP where this PyTorch has no such switch)
 
-Only torch and `ddpgraph.adopt` are used, so the mechanism is shown even where the rest
+Only torch and `ddpgraph.ddp.adopt` are used, so the mechanism is shown even where the rest
 of ddpgraph would get it wrong.
 """
 
@@ -40,7 +40,7 @@ def run_case(case: str) -> str:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddpgraph.adopt import rebuild_reducer
+    from ddpgraph.ddp.adopt import rebuild_reducer
 
     switch = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
     if case == "c" and switch is None:

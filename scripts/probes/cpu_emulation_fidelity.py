@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ddpgraph.backends import CaptureError, CudaGraphBackend
-from ddpgraph.recording import RecordingBackend
+from ddpgraph.backends.graph import CaptureError, CudaGraphBackend
+from ddpgraph.backends.recording import RecordingBackend
 
 Case = Callable[[torch.device], tuple[Callable[[], Any], Callable[[Any], str]]]
 

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
 from ddpgraph.app.models import GPTConfig, TinyGPT
-from ddpgraph.distributed import shutdown
+from ddpgraph.ddp.distributed import shutdown
 
 STEPS, TIMED, BATCH = 60, 40, 8
 Model = tuple[Callable[[], nn.Module], int, int]  # factory, vocabulary, sequence length

@@ -12,11 +12,11 @@ sdpa; transformers GPT-2 small; timm ViT-S/16), batch 8, random weights, AdamW +
 same state and data: twice eagerly with the graph-safe optimizer `capture_step` uses
 (`GraphSafeOptimizers.installed()`, the definition of "eager with the same settings"),
 and once with `capture_step`. Then again under each variant, applied to the eager and the
-captured run alike; all but the baseline run without ddpgraph's fix (`ddpgraph.same_path`),
+captured run alike; all but the baseline run without ddpgraph's fix (`ddpgraph.step.same_path`),
 to test each as a cause or as another fix:
 
   baseline                         ddpgraph as it is: the recording takes the eager code
-                                   path in transformers (`ddpgraph.same_path`)
+                                   path in transformers (`ddpgraph.step.same_path`)
   capture_check_kept               without that: transformers sees the capture and builds
                                    an explicit causal mask (ddpgraph before the fix)
   sdpa=flash|efficient|math|cudnn  `torch.nn.attention.sdpa_kernel(<backend>)`
@@ -48,7 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ddpgraph
 from ddpgraph import GraphSafeOptimizers
-from ddpgraph.streams import capture_stream, on_stream
+from ddpgraph.ddp.streams import capture_stream, on_stream
 
 BATCH, SEQ = 8, 256
 VARIANTS = ["baseline", "capture_check_kept", "sdpa=flash", "sdpa=efficient", "sdpa=math", "sdpa=cudnn", "eager_on_capture_stream", "deterministic"]
@@ -129,7 +129,7 @@ def variant_context(variant: str) -> contextlib.AbstractContextManager[Any]:
 
 @contextlib.contextmanager
 def _capture_check_kept() -> Iterator[None]:
-    from ddpgraph import same_path
+    from ddpgraph.step import same_path
 
     kept = same_path.CAPTURE_CHECKS
     same_path.CAPTURE_CHECKS = ()

@@ -6,7 +6,7 @@
 On one GPU (world size 1, a one-process NCCL group), batch 8, bf16 autocast, the step of
 `ddpgraph bench` (zero_grad, forward, loss, backward, AdamW) captured by `capture_step`.
 For TinyGPT (`ddpgraph.app.models.gpt_workload`) and transformers GPT-2 124M (T=256, the
-`hf-gpt2` preset), each row changes one setting of `ddpgraph.step_settings` from the
+`hf-gpt2` preset), each row changes one setting of `ddpgraph.step.step_settings` from the
 first row, PyTorch's defaults:
 
 * the AdamW kernel: `foreach` (today's, made capturable), `fused=True`, single-tensor;
@@ -42,7 +42,7 @@ import ddpgraph
 from ddpgraph.app.models import GPTConfig, Workload, gpt_workload
 from ddpgraph.app.reference_step import StepOptions, make_train_step
 from ddpgraph.bench.measure import _release_memory as free  # the bench's cleanup between strategies
-from ddpgraph.step_settings import StepSettings, fused_adam_takes_tensor_lr
+from ddpgraph.step.step_settings import StepSettings, fused_adam_takes_tensor_lr
 
 BATCH = 8
 LR = 1e-3

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import ddpgraph
-from ddpgraph.parity import ParityCheck, ParityRun
+from ddpgraph.step.parity import ParityCheck, ParityRun
 
 
 def main() -> None:

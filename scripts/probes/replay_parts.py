@@ -21,7 +21,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from replay_overhead import captured_demo_step
 
-from ddpgraph.inputs import flatten_call
+from ddpgraph.inputs.arguments import flatten_call
 
 
 def timed(name: str, fn: Callable[[], Any], n: int = 3000) -> None:

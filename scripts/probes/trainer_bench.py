@@ -34,7 +34,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import ddpgraph
 from ddpgraph.bench.presets import hf_gpt2, hf_llama
-from ddpgraph.distributed import shutdown
+from ddpgraph.ddp.distributed import shutdown
 from ddpgraph.transformers import CUDAGraphTrainer, GraphSafeReference
 
 BATCH = 8

@@ -33,9 +33,9 @@ import torch.distributed as dist
 import ddpgraph
 from ddpgraph.app.models import CPU_GPT_CONFIG, Workload, gpt_workload
 from ddpgraph.app.reference_step import StepOptions, make_train_step
+from ddpgraph.backends.recording import RecordingBackend
 from ddpgraph.bench.presets import PRESETS, preset_workload
-from ddpgraph.python_values import ValueWatch, watching
-from ddpgraph.recording import RecordingBackend
+from ddpgraph.frozen.python_values import ValueWatch, watching
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

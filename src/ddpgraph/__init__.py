@@ -8,23 +8,23 @@
 """
 
 from ._moved import alias_shadowed
-from .backends import (
+from .backends.graph import (
     CaptureError,
     CudaGraphBackend,
     GraphBackend,
     PassThroughBackend,
     emulation_backend,
 )
-from .buckets import bucket_collate, choose_buckets, pad_to_bucket
+from .backends.recording import RecordingBackend
 from .capture import CapturedStep, StepState, StepStats, capture_step
-from .ddp import prepare_ddp
-from .distributed import DistInfo, init_distributed
+from .ddp.build import prepare_ddp
+from .ddp.distributed import DistInfo, init_distributed
 from .errors import DdpGraphError, DdpGraphUsageError, DdpGraphWarning
+from .family.buckets import bucket_collate, choose_buckets, pad_to_bucket
 from .findings import CATALOG, Code, Finding, Location
-from .optim import graph_safe_optimizer
-from .parity import ParityCheck
-from .recording import RecordingBackend
-from .safe_optimizers import GraphSafeOptimizers
+from .optimizer.graph_safe import graph_safe_optimizer
+from .optimizer.safe_optimizers import GraphSafeOptimizers
+from .step.parity import ParityCheck
 from .strategies import SelectionReport, StrategyName, TrainStep, TrialSettings, make_step
 from .strategies.evaluation import CapturedEval, capture_eval
 from .strategies.partial import graph_submodules, partial_report, ungraph_submodules

@@ -14,16 +14,16 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from .backend_choice import choose_backend
-from .backends import GraphBackend
-from .captured_step import CapturedStep
+from .backends.choice import choose_backend
+from .backends.graph import GraphBackend
+from .cycle.fallback import OnFailure
+from .cycle.step_record import StepState, StepStats
 from .errors import usage_error
-from .fallback import OnFailure
-from .family import BeyondMaxGraphs
+from .family.graphs import BeyondMaxGraphs
+from .frozen.value_checks import DEFAULT_VERIFY_EVERY
 from .options import DEFAULT_AGREE_EVERY, CaptureOptions, as_optimizers
-from .parity import ParityCheck
-from .step_record import StepState, StepStats
-from .value_checks import DEFAULT_VERIFY_EVERY
+from .step.captured_step import CapturedStep
+from .step.parity import ParityCheck
 
 __all__ = ["CapturedStep", "StepState", "StepStats", "as_optimizers", "capture_step", "choose_backend"]
 
@@ -144,11 +144,11 @@ def capture_step(
             replays. Smaller reacts sooner; each agreement is one small collective.
         max_graphs, beyond_max_graphs: hold up to `max_graphs` graphs, one per input
             signature, in one memory pool; beyond them "evict" the least recently used or
-            run "eager" (see `ddpgraph.family`, docs/variable_shapes.md, `pad_to_bucket`).
+            run "eager" (see `ddpgraph.family.graphs`, docs/variable_shapes.md, `pad_to_bucket`).
         replay_timeout, on_replay_timeout: a replay not finished this many seconds after
             it could start ("group", the default: the process group's timeout; None: not
             watched) is reported (REPLAY_TIMED_OUT), then by default ("abort") the process
-            group is aborted and the process fails; "report" only logs. See `ddpgraph.watchdog`.
+            group is aborted and the process fails; "report" only logs. See `ddpgraph.watchdog.watch`.
         parity: `ddpgraph.ParityCheck(rtol=...)` (or True: bit-for-bit): on the call that
             captures, run the step once eagerly and once replayed from the same saved state
             and compare parameters and outputs on every rank; a difference beyond `rtol` on

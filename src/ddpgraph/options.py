@@ -16,17 +16,17 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from . import ddp as ddp_tools
-from .backends import GraphBackend
+from .backends.graph import GraphBackend
+from .cycle.fallback import OnFailure, check_policies
+from .ddp import build as ddp_tools
+from .ddp.streams import can_run_graphs
 from .errors import DdpGraphUsageError, usage_error
-from .fallback import OnFailure, check_policies
-from .family import BeyondMaxGraphs, check_family
+from .family.graphs import BeyondMaxGraphs, check_family
 from .findings import Code, Finding
-from .parity import ParityCheck, as_parity_check
-from .snapshot import Restorable
-from .streams import can_run_graphs
-from .value_checks import DEFAULT_VERIFY_EVERY
-from .watchdog import check_options as check_watchdog_options
+from .frozen.value_checks import DEFAULT_VERIFY_EVERY
+from .step.parity import ParityCheck, as_parity_check
+from .step.snapshot import Restorable
+from .watchdog.watch import check_options as check_watchdog_options
 
 # Calls between two agreements of a captured step on a DDP model (see `engine`).
 DEFAULT_AGREE_EVERY = 100

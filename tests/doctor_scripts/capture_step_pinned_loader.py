@@ -30,7 +30,7 @@ def main() -> None:
                 schedule.step()
             if rank == 0:
                 print(f"epoch {epoch}: loss {loss.item():.4f}, {step.state.value}, {step.stats.replays} replays")
-    ddpgraph.distributed.shutdown()
+    ddpgraph.ddp.distributed.shutdown()
 
 
 if __name__ == "__main__":

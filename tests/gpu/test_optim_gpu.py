@@ -240,7 +240,7 @@ def _llama_run(captured: bool, bf16: bool) -> list[torch.Tensor]:
 @pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp32"])
 def test_transformers_llama_captured_equals_eager_bit_for_bit(bf16: bool) -> None:
     """transformers builds another causal mask while a stream captures; the recording takes
-    the eager branch (`ddpgraph.same_path`), so the graph runs the eager kernels."""
+    the eager branch (`ddpgraph.step.same_path`), so the graph runs the eager kernels."""
     eager, graphed = _llama_run(False, bf16), _llama_run(True, bf16)
     worst = max(float((a - b).abs().max()) for a, b in zip(eager, graphed, strict=True))
     print(f"Llama {'bf16' if bf16 else 'fp32'}: largest parameter difference {worst:.3g}")

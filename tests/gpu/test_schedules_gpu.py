@@ -33,7 +33,7 @@ from torch.optim import lr_scheduler as lrs
 
 import ddpgraph
 from ddpgraph import GraphSafeOptimizers
-from ddpgraph.kernel_support import kernel_support
+from ddpgraph.optimizer.kernel_support import kernel_support
 from own_update_check import CYCLE, params, same_steps
 
 pytestmark = pytest.mark.gpu

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ddpgraph.watchdog import EXIT_CODE
+from ddpgraph.watchdog.watch import EXIT_CODE
 from launcher import SCENARIOS, torchrun_env
 
 pytestmark = pytest.mark.gpu

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 STEPS_PER_RANK = 24
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 CALLS = 40
 EVERY = 8  # `agree_every`: a change after capture is decided on soon

@@ -19,9 +19,9 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddpgraph.adopt import adopt_ddp, rebuild_reducer
-from ddpgraph.ddp import forward_counter
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.adopt import adopt_ddp, rebuild_reducer
+from ddpgraph.ddp.build import forward_counter
+from ddpgraph.ddp.distributed import DistInfo
 
 
 class Net(nn.Module):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 
 def _model() -> nn.Module:

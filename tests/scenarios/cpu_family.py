@@ -17,7 +17,7 @@ import torch
 from cpu_core import _eager_reference, _setup, _step_fn, _summary
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 SIZES = (8, 5, 3)
 
@@ -37,7 +37,7 @@ def _fail_on(rank: int, nth: int) -> ddpgraph.GraphBackend:
     class FailOn(base):  # type: ignore[valid-type, misc]
         def capture(self, fn: Any, **kw: Any) -> Any:
             graph = super().capture(fn, **kw)
-            if ddpgraph.distributed.current_rank() == rank and self.captures >= nth:
+            if ddpgraph.ddp.distributed.current_rank() == rank and self.captures >= nth:
                 raise ddpgraph.CaptureError(None, RuntimeError("injected failure of an added graph"))
             return graph
 

@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 BATCH, BATCHES_PER_RANK, EPOCHS, FEATURES = 8, 8, 2, 16
 INVALIDATED = "CUDA error: operation failed due to a previous error during capture"

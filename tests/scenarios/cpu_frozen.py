@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.training.accumulate import accumulate
 from ddpgraph.training.scaler import GraphSafeGradScaler
 

@@ -19,7 +19,7 @@ from cpu_training import batches, net
 
 import ddpgraph
 from ddpgraph import GraphSafeOptimizers, ParityCheck
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 STEPS = 16
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 EVERY = 8  # `agree_every` of the captured runs: decisions come soon after an event
 Event = Callable[[int, nn.Module, torch.optim.Optimizer], None]

@@ -24,7 +24,7 @@ from torch.optim import lr_scheduler as lrs
 from torch.utils.data import DataLoader, TensorDataset
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 STEPS = 20
 Schedule = Callable[[torch.optim.Optimizer], Any]

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.strategies import (
     AutoStep,
     Candidate,

@@ -28,9 +28,9 @@ import torch.distributed as dist
 from watchdog_common import square_loss_step
 
 import ddpgraph
-import ddpgraph.watchdog
+import ddpgraph.watchdog.watch
 from ddpgraph import DdpGraphError
-from ddpgraph.groups import job_store
+from ddpgraph.watchdog.groups import job_store
 
 STOP_AFTER = 6  # 3 warm-up calls, the capture (replay 1), replays 2 and 3
 TIMEOUT_S = 5.0  # the stopped rank publishes every 1.25 s: a wide margin on a loaded machine
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     out = parser.parse_args().out
     info = ddpgraph.init_distributed(force_cpu=True, timeout_s=120)
-    ddpgraph.watchdog.event_factory_for = lambda device: PeerEvent  # type: ignore[assignment]
+    ddpgraph.watchdog.watch.event_factory_for = lambda device: PeerEvent  # type: ignore[assignment]
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

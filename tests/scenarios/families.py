@@ -31,7 +31,7 @@ from ddpgraph.app.models import SmallResNet, Workload, cnn_workload
 from ddpgraph.app.reference_step import StepOptions, make_train_step
 from ddpgraph.bench import family_presets as fp
 from ddpgraph.bench.workloads import resolve_model
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
              "vocab_size": 1100}

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
 from ddpgraph.app.models import MLP
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 STEPS = 45
 
@@ -102,7 +102,7 @@ def mixed_precision_rebuilt(info: DistInfo) -> dict[str, Any]:
     adoption is refused, and the model trains on exactly as the one never offered."""
     from torch.nn.parallel.distributed import _MixedPrecision
 
-    from ddpgraph.adopt import adopt_ddp
+    from ddpgraph.ddp.adopt import adopt_ddp
 
     mixed = _MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     runs, refusal = [], None

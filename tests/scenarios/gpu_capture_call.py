@@ -31,7 +31,7 @@ from gpu_rank_safety import _batches, _model
 from torch import nn
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 M = 4
 CALLS = 40

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import ddpgraph
 from ddpgraph.app.models import MLP, GPTConfig, gpt_workload
 from ddpgraph.app.reference_step import StepOptions, make_train_step
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 
 def _summary(step: ddpgraph.CapturedStep[Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph.app.models import GPTConfig, TinyGPT
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 BUCKETS = (64, 128, 256, 512)
 CFG = GPTConfig(vocab=1000, block=512, layers=2, dim=128, heads=4)

@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 import ddpgraph
 from ddpgraph.app.models import MLP, GPTConfig, TinyGPT
 from ddpgraph.app.reference_step import StepOptions, make_train_step
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.strategies import make_step
 
 BATCH, TRAIN_BATCHES, VAL_BATCHES, EPOCHS, DIM = 64, 16, 4, 2, 64

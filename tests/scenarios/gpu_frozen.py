@@ -17,7 +17,7 @@ from cpu_frozen import SCENARIOS, _batches, _graph_backend, _on
 from torch import nn
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 
 class Gained(nn.Module):

@@ -24,9 +24,9 @@ from ddpgraph.app.models import GPTConfig, Workload, gpt_workload
 from ddpgraph.app.reference_step import StepOptions, make_train_step
 from ddpgraph.bench.presets import PRESETS
 from ddpgraph.bench.workloads import resolve_model
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.errors import DdpGraphUsageError
-from ddpgraph.step_settings import StepSettings
+from ddpgraph.step.step_settings import StepSettings
 
 BATCH = 2
 REPLAYS = 3

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
-from ddpgraph.ddp import built_on_stream, forward_counter
-from ddpgraph.distributed import DistInfo
-from ddpgraph.streams import on_stream
-from ddpgraph.warmup import is_capturable_forward
+from ddpgraph.ddp.build import built_on_stream, forward_counter
+from ddpgraph.ddp.distributed import DistInfo
+from ddpgraph.ddp.streams import on_stream
+from ddpgraph.ddp.warmup import is_capturable_forward
 
 Event = Callable[[int, nn.Module, torch.optim.Optimizer], None]
 

@@ -34,8 +34,8 @@ from ddpgraph.app.models import (
     gpt_workload,
 )
 from ddpgraph.app.reference_step import StepOptions, make_train_step
-from ddpgraph.ddp import forward_counter
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.build import forward_counter
+from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.strategies import make_step
 from ddpgraph.strategies.dynamo import compile_count
 from ddpgraph.strategies.evaluation import capture_eval

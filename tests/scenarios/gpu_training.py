@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
 from ddpgraph.app.models import GPTConfig, SmallResNet, gpt_workload
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.training.accumulate import accumulate
 from ddpgraph.training.checkpoint import load_training_state, training_state
 from ddpgraph.training.monitor import NonFiniteMonitor

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo, init_distributed
-from ddpgraph.recording import RecordingBackend
+from ddpgraph.backends.recording import RecordingBackend
+from ddpgraph.ddp.distributed import DistInfo, init_distributed
 
 Scenario = Callable[[DistInfo], dict[str, Any]]
 RECORDING = "recording"
@@ -104,7 +104,7 @@ def with_same_settings(opt: Any, step: Any, device: Any) -> Any:
     """`step` run as `capture_step` runs its eager steps: the optimizer's graph-safe mode
     installed around each call (`GraphSafeOptimizers.installed`), the reference that a
     captured run is compared with bit for bit."""
-    from ddpgraph.safe_optimizers import GraphSafeOptimizers
+    from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
 
     safe = GraphSafeOptimizers([opt], device)
     assert safe.prepare() is None

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import ddpgraph
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 
 BATCH, PER_RANK_BATCHES = 8, 16
 
@@ -64,7 +64,7 @@ class GraphSafe(L.Callback):
     inside `step`, included)."""
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        from ddpgraph.safe_optimizers import GraphSafeOptimizers
+        from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
 
         opt = trainer.optimizers[0]
         safe = GraphSafeOptimizers([opt], module.device)

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.transformers import CUDAGraphTrainer, GraphSafeReference
 
 VOCAB, SEQ, BATCH, STEPS = 64, 16, 4, 24

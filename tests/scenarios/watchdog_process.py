@@ -15,7 +15,7 @@ that prints ABORT CALLED (there is no process group). Modes:
 - checkpoint_stuck: the save blocks forever. Expected: EXIT_CODE, no abort.
 - forgot_close: a captured step (stand-in backend, one-process gloo group) is never
   closed; at exit the graph is released while the process group still exists.
-- shutdown: the same step, then `ddpgraph.distributed.shutdown()` without `close()`.
+- shutdown: the same step, then `ddpgraph.ddp.distributed.shutdown()` without `close()`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from ddpgraph import DdpGraphError
-from ddpgraph.peers import NoBoard
-from ddpgraph.watchdog import ReplayWatchdog
+from ddpgraph.agreement.peers import NoBoard
+from ddpgraph.watchdog.watch import ReplayWatchdog
 
 TIMEOUT_S = 0.3
 result: dict[str, Any] = {}
@@ -120,7 +120,7 @@ def captured_then_exit(mode: str) -> None:
     from watchdog_common import square_loss_step
 
     import ddpgraph
-    from ddpgraph.backends import _PassThroughGraph
+    from ddpgraph.backends.graph import _PassThroughGraph
 
     ddpgraph.init_distributed(force_cpu=True, timeout_s=30)
     release = _PassThroughGraph.release
@@ -141,7 +141,7 @@ def captured_then_exit(mode: str) -> None:
         step(torch.ones(3, 4))
     print(f"STATE {step.state.value} replays={step.stats.replays}", flush=True)
     if mode == "shutdown":
-        ddpgraph.distributed.shutdown()  # closes the live step, then destroys the group
+        ddpgraph.ddp.distributed.shutdown()  # closes the live step, then destroys the group
         print(f"SHUT DOWN group_alive={dist.is_initialized()}", flush=True)
     # forgot_close: no close(), no destroy_process_group(): the interpreter exits with both.
 

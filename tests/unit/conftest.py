@@ -167,7 +167,7 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
         if converted:
             ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
         if graph_safe:
-            run.safe = ddpgraph.GraphSafeOptimizers([opt], ddpgraph.ddp.model_device(model))
+            run.safe = ddpgraph.GraphSafeOptimizers([opt], ddpgraph.ddp.build.model_device(model))
             assert run.safe.prepare() is None
         return run
 
@@ -181,7 +181,7 @@ def library_sync() -> Any:
     import site
     import traceback
 
-    from ddpgraph.probe import host_sync_finding
+    from ddpgraph.probe.syncs import host_sync_finding
 
     library = os.path.join(site.getsitepackages()[0], "transformers", "masking_utils.py")
     stack = [

@@ -1,5 +1,5 @@
-"""One decision for every rank (`ddpgraph.agreement`), and how giving up a capture reaches
-the user (`ddpgraph.fallback.fall_back`), shared by `capture_step` and `capture_eval`."""
+"""One decision for every rank (`ddpgraph.agreement.agree`), and how giving up a capture reaches
+the user (`ddpgraph.cycle.fallback.fall_back`), shared by `capture_step` and `capture_eval`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import warnings
 import pytest
 
 from ddpgraph import Code, DdpGraphError, DdpGraphWarning, Finding
-from ddpgraph.agreement import Decision, Outcome, agree
-from ddpgraph.fallback import fall_back
+from ddpgraph.agreement.agree import Decision, Outcome, agree
+from ddpgraph.cycle.fallback import fall_back
 
 SYNC = Finding(Code.HOST_SYNC_IN_CAPTURE, "`loss.item()` waits for the GPU")
 

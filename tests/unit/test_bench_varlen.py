@@ -23,8 +23,8 @@ from ddpgraph.bench.varlen_plan import (
     varlen_batches,
 )
 from ddpgraph.bench.varlen_report import plot_varlen, varlen_markdown, varlen_summary
-from ddpgraph.buckets import next_bucket
-from ddpgraph.distributed import DistInfo
+from ddpgraph.ddp.distributed import DistInfo
+from ddpgraph.family.buckets import next_bucket
 
 
 def parse(*argv: str) -> argparse.Namespace:

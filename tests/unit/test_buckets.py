@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import ddpgraph
 from ddpgraph.app.models import GPTConfig, TinyGPT
-from ddpgraph.buckets import bucket_collate, choose_buckets, next_bucket, pad_to_bucket
+from ddpgraph.family.buckets import bucket_collate, choose_buckets, next_bucket, pad_to_bucket
 
 
 def _lm_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 
 import ddpgraph
 from ddpgraph import Code, StepState
-from ddpgraph.recording import RecordingBackend
+from ddpgraph.backends.recording import RecordingBackend
 
 BACKENDS = {"pass-through": ddpgraph.PassThroughBackend, "recording": RecordingBackend}
 CALLS = 14

@@ -9,7 +9,7 @@ import pytest
 
 from ddpgraph import StepState
 from ddpgraph.findings import Code, Finding
-from ddpgraph.same_path import report_capture_branch
+from ddpgraph.step.same_path import report_capture_branch
 
 
 def test_rank_0_names_the_users_line_the_librarys_line_and_how_to_measure_the_difference(

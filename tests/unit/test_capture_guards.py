@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 import ddpgraph
 from ddpgraph import Code, StepState
-from ddpgraph.ddp import forward_counter
-from ddpgraph.warmup import is_capturable_forward
+from ddpgraph.ddp.build import forward_counter
+from ddpgraph.ddp.warmup import is_capturable_forward
 
 
 def _quiet(call):
@@ -225,7 +225,7 @@ def test_the_layout_guard_sees_a_flag_change_either_way() -> None:
     # flags compared one by one): freezing and unfreezing are both seen.
     from torch import nn
 
-    from ddpgraph.param_guard import ParamLayout
+    from ddpgraph.step.param_guard import ParamLayout
 
     model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
     layout = ParamLayout(model)

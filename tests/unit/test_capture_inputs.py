@@ -9,7 +9,7 @@ import torch
 
 import ddpgraph
 from ddpgraph import Code, StepState
-from ddpgraph.ddp import forward_counter
+from ddpgraph.ddp.build import forward_counter
 
 
 def _graph_warnings(caught: list[warnings.WarningMessage]) -> list[str]:

@@ -13,7 +13,7 @@ import torch
 
 import ddpgraph
 from ddpgraph import StepState
-from ddpgraph.recording import RecordingBackend
+from ddpgraph.backends.recording import RecordingBackend
 
 BACKENDS = {"pass-through": ddpgraph.PassThroughBackend, "recording": RecordingBackend}
 CAPTURE_CALL = 11  # 0-based: after the 11 warm-up calls of a fresh DDP model

@@ -14,7 +14,7 @@ import torch
 
 import ddpgraph
 from ddpgraph import StepState
-from ddpgraph.ddp import forward_counter
+from ddpgraph.ddp.build import forward_counter
 
 
 def test_default_warmup_is_11_calls_then_captured(make_run, batches) -> None:

@@ -1,4 +1,4 @@
-"""The capture mode every graph ddpgraph records begins with (`ddpgraph.capture_mode`).
+"""The capture mode every graph ddpgraph records begins with (`ddpgraph.backends.capture_mode`).
 
 CUDA's "global" mode, PyTorch's default, lets any thread's unsafe call (a pinned-memory
 DataLoader's `cudaHostAlloc`) invalidate a capture; ddpgraph records in "thread_local".
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import ddpgraph
-from ddpgraph import backends
-from ddpgraph.capture_mode import CAPTURE_ERROR_MODE, default_capture_mode
+from ddpgraph.backends import graph as backends
+from ddpgraph.backends.capture_mode import CAPTURE_ERROR_MODE, default_capture_mode
 from ddpgraph.strategies import partial
 
 

@@ -171,7 +171,7 @@ def test_momentum_cycling_keeps_the_graph_where_the_kernel_reads_it_from_a_tenso
     # On CUDA the kernel is probed (tensor betas: yes for capturable AdamW where the
     # installed PyTorch has them; fused SGD: no tensor momentum). Here the stand-in is
     # told the kernel takes it.
-    monkeypatch.setattr("ddpgraph.kernel_support.CPU_TENSOR_KEYS", ("lr", key))
+    monkeypatch.setattr("ddpgraph.optimizer.kernel_support.CPU_TENSOR_KEYS", ("lr", key))
     data = batches(20)
     ref = make_run(optimizer=optimizer, schedule=schedule, graph_safe=True, **kw)
     expected = ref.train(data)

@@ -1,4 +1,4 @@
-"""Naming the cause of a failed capture (`ddpgraph.diagnose`) from synthetic errors,
+"""Naming the cause of a failed capture (`ddpgraph.probe.diagnose`) from synthetic errors,
 warnings and host-sync stacks: what `capture_step` and `ddpgraph doctor` both use."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import traceback
 import torch
 
 from ddpgraph import Code, Finding, Location
-from ddpgraph.backends import CaptureError
-from ddpgraph.diagnose import (
+from ddpgraph.backends.graph import CaptureError
+from ddpgraph.probe.diagnose import (
     STREAM_WARNING,
     capture_findings,
     error_chain,
     finding_from_capture_error,
     finding_from_error,
 )
-from ddpgraph.probe import SyncEvent
+from ddpgraph.probe.syncs import SyncEvent
 
 TORCH = os.path.dirname(torch.__file__)
 INVALIDATED = "CUDA error: operation failed due to a previous error during capture"

@@ -13,14 +13,14 @@ import torch
 from torch import nn
 
 from ddpgraph import Code, DdpGraphUsageError, Finding, Location
-from ddpgraph.diagnose import STREAM_WARNING
 from ddpgraph.doctor.failure_rules import capture_failure_findings, script_error_finding
 from ddpgraph.doctor.observed import DdpForward, DdpModel, Graph, StreamInfo
 from ddpgraph.doctor.recorder import Recorder
 from ddpgraph.doctor.records import GraphCounts, RankRecord, RankStatus
 from ddpgraph.doctor.report import EXIT_UNCHECKED, build_report
 from ddpgraph.doctor.run import RunResult
-from ddpgraph.probe import SyncEvent
+from ddpgraph.probe.diagnose import STREAM_WARNING
+from ddpgraph.probe.syncs import SyncEvent
 
 SIDE = StreamInfo(7, False)
 DEFAULT = StreamInfo(0, True)

@@ -41,7 +41,7 @@ def every_tensor_counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(instrument, "_live_storages", _all_storages)
     yield
     assert not hasattr(torch.Tensor.copy_, "__wrapped__")  # uninstalled by `inst`
-    assert not hasattr(ddpgraph.engine.fall_back, "__wrapped__")
+    assert not hasattr(ddpgraph.cycle.engine.fall_back, "__wrapped__")
 
 
 def captured(inst: Instrumentation) -> tuple[nn.Module, torch.Tensor, FakeGraph]:

@@ -14,10 +14,10 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph import Code, StepState
+from ddpgraph.backends.recording import RecordingBackend
 from ddpgraph.errors import DdpGraphUsageError
-from ddpgraph.python_values import ValueWatch, frozen_finding, guard_finding, watching
-from ddpgraph.recording import RecordingBackend
-from ddpgraph.value_checks import check_interval, doctor_interval
+from ddpgraph.frozen.python_values import ValueWatch, frozen_finding, guard_finding, watching
+from ddpgraph.frozen.value_checks import check_interval, doctor_interval
 
 
 def _watch(fn: Any, reference: ValueWatch | None = None, model: nn.Module | None = None) -> ValueWatch:

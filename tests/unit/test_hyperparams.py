@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.optim import Optimizer
 
-from ddpgraph.hyperparams import HyperparamChange, HyperparamMirror
-from ddpgraph.kernel_support import KernelSupport, kernel_support
+from ddpgraph.optimizer.hyperparams import HyperparamChange, HyperparamMirror
+from ddpgraph.optimizer.kernel_support import KernelSupport, kernel_support
 
 CPU = torch.device("cpu")
 
@@ -135,7 +135,7 @@ def test_the_flags_the_mode_sets_are_not_frozen_values() -> None:
 def test_a_value_only_the_first_step_reads_is_found_by_trying_and_not_frozen() -> None:
     # Rprop reads `lr` once, to initialise its step sizes: a schedule on it changes
     # neither eager training nor a replay, so it must not drop the graph.
-    from ddpgraph.kernel_support import _first_step_only, _two_steps
+    from ddpgraph.optimizer.kernel_support import _first_step_only, _two_steps
 
     def first_only(cls: type[Optimizer], options: dict[str, object], key: str) -> bool:
         unchanged = _two_steps(cls, options, (), CPU, torch.float32, third={})

@@ -10,7 +10,7 @@ import torch
 
 import ddpgraph
 from ddpgraph.findings import CONSTANT_INPUT_FIX, input_change_fix
-from ddpgraph.inputs import Signature, flatten_call, leaf_paths
+from ddpgraph.inputs.arguments import Signature, flatten_call, leaf_paths
 
 X, Y = torch.zeros(8, 16), torch.zeros(8, dtype=torch.long)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddpgraph import Code, DdpGraphUsageError
-from ddpgraph.inputs import (
+from ddpgraph.inputs.arguments import (
     Signature,
     StaticInputs,
     check_supported,

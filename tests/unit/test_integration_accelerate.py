@@ -13,7 +13,7 @@ from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.state import AcceleratorState, GradientState
 
 import ddpgraph
-from ddpgraph.integrations.accelerate import unwrap_optimizers
+from ddpgraph.optimizer.wrappers import unwrap_optimizers
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """The layout shows the architecture, and stays that way.
 
-The capture core is the flat modules of `src/ddpgraph`; the packages around it
-(`training`, `strategies`, `app`, `bench`, `doctor`) are built on it, so the core never
+The capture core is the flat modules of `src/ddpgraph` and its concept packages; the
+packages around it (`training`, `strategies`, `integrations`, `app`, `bench`, `doctor`) are
+built on it, so the core never
 imports them: a core module that did would load, and depend on, the layers above it.
 Exempt are the package root, which re-exports the public names, `__main__`, and the
 deprecated aliases of moved modules. Imports under `if TYPE_CHECKING:` are annotations
@@ -18,7 +19,15 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ddpgraph"
 README = SRC.parents[1] / "README.md"
-ABOVE_THE_CORE = ("ddpgraph.training", "ddpgraph.strategies", "ddpgraph.app", "ddpgraph.bench", "ddpgraph.doctor")
+ABOVE_THE_CORE = (
+    "ddpgraph.training",
+    "ddpgraph.strategies",
+    "ddpgraph.integrations",
+    "ddpgraph.app",
+    "ddpgraph.bench",
+    "ddpgraph.doctor",
+)
+LAYERS = {name.split(".")[1] for name in ABOVE_THE_CORE}
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300
 
@@ -28,11 +37,11 @@ def _is_alias(source: str) -> bool:
     return re.search(r"^moved\(", source, re.M) is not None
 
 
-def _resolve(level: int, name: str | None) -> str:
-    """The absolute module a relative import in flat module `ddpgraph.<x>` names."""
+def _resolve(level: int, name: str | None, package: tuple[str, ...] = ("ddpgraph",)) -> str:
+    """The absolute module a relative import in a module of `package` names."""
     if level == 0:
         return name or ""
-    base = ["ddpgraph"][: max(0, 1 - (level - 1))]
+    base = list(package[: max(0, len(package) - (level - 1))])
     return ".".join([*base, *([name] if name else [])])
 
 
@@ -46,7 +55,7 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
     return lines
 
 
-def imports_above_core(source: str) -> list[tuple[int, str]]:
+def imports_above_core(source: str, package: tuple[str, ...] = ("ddpgraph",)) -> list[tuple[int, str]]:
     """(line, module) of every run-time import in a flat core module of the packages
     above the core: `import`, `from ... import` (at any depth, relative or absolute,
     including `from . import strategies`) and `importlib.import_module("...")`."""
@@ -58,7 +67,7 @@ def imports_above_core(source: str) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = _resolve(node.level, node.module)
+            base = _resolve(node.level, node.module, package)
             targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
         elif (
             isinstance(node, ast.Call)
@@ -77,9 +86,16 @@ def imports_above_core(source: str) -> list[tuple[int, str]]:
 def _core_modules() -> list[Path]:
     return [
         p
-        for p in sorted(SRC.glob("*.py"))
-        if p.name not in ("__init__.py", "__main__.py") and not _is_alias(p.read_text())
+        for p in sorted(SRC.rglob("*.py"))
+        if p.relative_to(SRC).parts[0] not in LAYERS
+        and p.relative_to(SRC).parts != ("__init__.py",)
+        and p.name != "__main__.py"
+        and not _is_alias(p.read_text())
     ]
+
+
+def _package(path: Path) -> tuple[str, ...]:
+    return ("ddpgraph", *path.relative_to(SRC).parent.parts)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +120,9 @@ def test_the_capture_core_imports_nothing_above_it() -> None:
     core = _core_modules()
     assert len(core) > 30 and any(p.name == "engine.py" for p in core)  # the rule checks the real core
     offenders = [
-        f"{p.name}:{line} imports {module}" for p in core for line, module in imports_above_core(p.read_text())
+        f"{p.relative_to(SRC)}:{line} imports {module}"
+        for p in core
+        for line, module in imports_above_core(p.read_text(), _package(p))
     ]
     assert offenders == [], "the capture core imports a layer built on it:\n" + "\n".join(offenders)
 

@@ -80,7 +80,7 @@ def test_accumulate_stays_the_root_function_when_its_old_module_path_is_imported
 
 @pytest.mark.parametrize(
     ("name", "home"),
-    [("make_train_step", "ddpgraph.app.reference_step"), ("StepOptions", "ddpgraph.app.reference_step"), ("synchronize", "ddpgraph.streams")],
+    [("make_train_step", "ddpgraph.app.reference_step"), ("StepOptions", "ddpgraph.app.reference_step"), ("synchronize", "ddpgraph.ddp.streams")],
 )
 def test_the_reference_step_names_still_resolve_from_ddpgraph_training(name: str, home: str) -> None:
     training = importlib.import_module("ddpgraph.training")
@@ -113,27 +113,27 @@ def test_the_command_and_python_m_ddpgraph_run_from_the_new_place() -> None:
     assert "from .app.cli import main" in main
 
 
-# Names `ddpgraph.replay` held before the eager call and the give-up policy had modules
+# Names `ddpgraph.inputs.replay` held before the eager call and the give-up policy had modules
 # of their own: the old path stays (it keeps the replay) and re-exports them unchanged.
 REPLAY_NAMES = {
-    "run_eager_call": "ddpgraph.eager_call",
-    "OnFailure": "ddpgraph.fallback",
-    "UnservedCalls": "ddpgraph.fallback",
-    "check_policies": "ddpgraph.fallback",
-    "fall_back": "ddpgraph.fallback",
+    "run_eager_call": "ddpgraph.cycle.eager_call",
+    "OnFailure": "ddpgraph.cycle.fallback",
+    "UnservedCalls": "ddpgraph.cycle.fallback",
+    "check_policies": "ddpgraph.cycle.fallback",
+    "fall_back": "ddpgraph.cycle.fallback",
 }
 
 
 @pytest.mark.parametrize(("name", "home"), sorted(REPLAY_NAMES.items()))
 def test_names_that_left_replay_still_import_from_it(name: str, home: str) -> None:
-    replay = importlib.import_module("ddpgraph.replay")
+    replay = importlib.import_module("ddpgraph.inputs.replay")
     assert getattr(replay, name) is getattr(importlib.import_module(home), name)
 
 
 def test_the_doctor_watches_the_give_up_where_it_lives_now() -> None:
     from ddpgraph.doctor import instrument
 
-    assert "ddpgraph.fallback" in instrument._DDPGRAPH_MODULES
-    fallback = importlib.import_module("ddpgraph.fallback")
-    assert fallback.fall_back.__module__ == "ddpgraph.fallback"
-    assert fallback.UnservedCalls.__module__ == "ddpgraph.fallback"
+    assert "ddpgraph.cycle.fallback" in instrument._DDPGRAPH_MODULES
+    fallback = importlib.import_module("ddpgraph.cycle.fallback")
+    assert fallback.fall_back.__module__ == "ddpgraph.cycle.fallback"
+    assert fallback.UnservedCalls.__module__ == "ddpgraph.cycle.fallback"

@@ -11,7 +11,7 @@ import torch
 from torch.optim import Optimizer
 
 from ddpgraph import Code, DdpGraphError, graph_safe_optimizer
-from ddpgraph.optim import HyperparamChange, baked_finding, capture_support
+from ddpgraph.optimizer.graph_safe import HyperparamChange, baked_finding, capture_support
 
 
 def _params() -> list[torch.nn.Parameter]:

@@ -22,9 +22,9 @@ import torch
 import torch.optim.adam as torch_adam
 from torch.optim import Optimizer
 
-from ddpgraph.kernel_support import kernel_support
-from ddpgraph.own_step import OwnStep
-from ddpgraph.own_updates import own_update
+from ddpgraph.optimizer.kernel_support import kernel_support
+from ddpgraph.optimizer.own_step import OwnStep
+from ddpgraph.optimizer.own_updates import own_update
 from own_update_check import CYCLE, params, same_steps
 
 CPU = torch.device("cpu")

@@ -10,7 +10,7 @@ import torch
 
 import ddpgraph
 from ddpgraph import Code, ParityCheck
-from ddpgraph.parity import as_parity_check, relative_difference
+from ddpgraph.step.parity import as_parity_check, relative_difference
 
 
 def test_parity_argument_forms() -> None:
@@ -106,7 +106,7 @@ def test_a_mismatch_after_a_library_synchronised_names_that_branch_as_the_likely
     # A library that synchronised in the probe step and skips it while a graph is recorded
     # (transformers' mask building) runs another branch in the graph: the finding says so,
     # with the user's line and the library's.
-    from ddpgraph.parity import ParityRun
+    from ddpgraph.step.parity import ParityRun
 
     model = torch.nn.Linear(2, 2)
     with_branch = ParityRun(ParityCheck(rtol=0.0), model, [], library_branch=library_sync)

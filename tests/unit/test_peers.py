@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from ddpgraph.peers import NoBoard, PeerBoard
+from ddpgraph.agreement.peers import NoBoard, PeerBoard
 from launcher import free_port
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import ddpgraph
-from ddpgraph.ddp import infer_device_ids
+from ddpgraph.ddp.build import infer_device_ids
 
 GPU1 = torch.device("cuda", 1)
 
@@ -60,7 +60,7 @@ def test_cpu_model_with_a_none_device_id_is_a_usage_error(process_group: ddpgrap
 
 
 def test_the_module_inside_ddp_and_its_group_are_read_in_one_place(process_group: object) -> None:
-    from ddpgraph.ddp import inner_module, process_group_of
+    from ddpgraph.ddp.build import inner_module, process_group_of
 
     plain = nn.Linear(2, 2)
     ddp = ddpgraph.prepare_ddp(nn.Linear(2, 2))
@@ -70,7 +70,7 @@ def test_the_module_inside_ddp_and_its_group_are_read_in_one_place(process_group
 
 
 def test_graphs_are_possible_only_for_a_cuda_device_with_cuda_usable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddpgraph.streams import can_run_graphs
+    from ddpgraph.ddp.streams import can_run_graphs
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert can_run_graphs(torch.device("cuda", 0)) and not can_run_graphs(torch.device("cpu"))

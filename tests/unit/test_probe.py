@@ -1,4 +1,4 @@
-"""Naming a host synchronisation from its stack (`ddpgraph.probe`), and finding the
+"""Naming a host synchronisation from its stack (`ddpgraph.probe.syncs`), and finding the
 user's own frame in a stack."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ddpgraph import Code
-from ddpgraph.probe import (
+from ddpgraph.probe.syncs import (
     ProbeResult,
     SyncEvent,
     classify,
@@ -48,7 +48,7 @@ def test_user_frame_skips_torch_stdlib_and_generated_code() -> None:
 
 
 def test_user_frame_prefers_own_code_to_third_party_packages() -> None:
-    from ddpgraph.code_origin import SITE_DIRS
+    from ddpgraph.probe.code_origin import SITE_DIRS
 
     if not SITE_DIRS:
         pytest.skip("no site-packages folder on this interpreter")

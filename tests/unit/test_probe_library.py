@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 
 from ddpgraph import Code
-from ddpgraph.probe import classify, host_sync_finding
+from ddpgraph.probe.syncs import classify, host_sync_finding
 
 LIBRARY = """
     import sys
     import traceback
 
     import torch
-    from ddpgraph.library_settings import known_setting
+    from ddpgraph.probe.library_settings import known_setting
 
 
     def masked_mean(x):
@@ -199,7 +199,7 @@ def test_the_probes_findings_carry_the_setting_capture_step_reports(installed: d
     # `capture_step` builds `step.reason` from `ProbeResult.findings()`: the same chain.
     import torch
 
-    from ddpgraph.probe import ProbeResult, SyncEvent
+    from ddpgraph.probe.syncs import ProbeResult, SyncEvent
 
     installed["transformers.ops"].Attention("eager")(torch.ones(2))
     stack, setting = installed["transformers.ops"].seen[-1]
@@ -213,7 +213,7 @@ def test_a_known_setting_is_the_fix_even_without_a_frame_of_the_users(installed:
     # frame is the place, and the setting still the fix.
     import torch
 
-    from ddpgraph.code_origin import is_installed_library
+    from ddpgraph.probe.code_origin import is_installed_library
 
     installed["transformers.ops"].Attention("eager")(torch.ones(2))
     stack, setting = installed["transformers.ops"].seen[-1]
@@ -230,7 +230,7 @@ def test_the_probe_leaves_a_librarys_sync_to_the_capture(installed: dict[str, An
     # which is not recorded, cannot tell whether they break a capture: the capture judges.
     import torch
 
-    from ddpgraph.probe import ProbeResult, SyncEvent
+    from ddpgraph.probe.syncs import ProbeResult, SyncEvent
 
     installed["usernet"].Net()(torch.ones(2))
     library_stack, setting = installed["fakelib.ops"].seen[-1]
@@ -248,8 +248,8 @@ def test_a_librarys_sync_is_left_to_the_capture_when_the_step_is_ddpgraphs_own(i
     # model: no frame of the user's is on the stack, and the sync is still the library's.
     import torch
 
-    from ddpgraph.code_origin import is_installed_library, is_platform
-    from ddpgraph.probe import ProbeResult, SyncEvent
+    from ddpgraph.probe.code_origin import is_installed_library, is_platform
+    from ddpgraph.probe.syncs import ProbeResult, SyncEvent
 
     installed["usernet"].Net()(torch.ones(2))
     library_stack, setting = installed["fakelib.ops"].seen[-1]

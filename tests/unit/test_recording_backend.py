@@ -14,10 +14,10 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph import Code, StepState
-from ddpgraph.backends import CaptureError
-from ddpgraph.diagnose import finding_from_capture_error
-from ddpgraph.host_reads import HostReadInCapture
-from ddpgraph.recording import RecordingBackend
+from ddpgraph.backends.graph import CaptureError
+from ddpgraph.backends.recording import RecordingBackend
+from ddpgraph.probe.diagnose import finding_from_capture_error
+from ddpgraph.probe.host_reads import HostReadInCapture
 
 
 def _linear_step(lr: float = 0.1):

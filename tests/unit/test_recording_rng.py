@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import ddpgraph
-from ddpgraph.safe_optimizers import GraphSafeOptimizers
+from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
 
 STEPS = 10
 

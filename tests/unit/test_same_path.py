@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ddpgraph
-from ddpgraph.same_path import eager_code_paths
+from ddpgraph.step.same_path import eager_code_paths
 
 import_utils = pytest.importorskip("transformers.utils.import_utils")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ddpgraph.snapshot import TrainingSnapshot
+from ddpgraph.step.snapshot import TrainingSnapshot
 
 
 def _setup() -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -1,4 +1,4 @@
-"""`ddpgraph.step_settings`: the one place the AdamW kernel and DDP's bucketing are chosen."""
+"""`ddpgraph.step.step_settings`: the one place the AdamW kernel and DDP's bucketing are chosen."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from ddpgraph.app.models import mlp_workload
 from ddpgraph.bench import command
 from ddpgraph.bench.case import Case
 from ddpgraph.bench.suite import describe_setup
-from ddpgraph.distributed import DistInfo
-from ddpgraph.step_settings import (
+from ddpgraph.ddp.distributed import DistInfo
+from ddpgraph.step.step_settings import (
     ADAM_KERNELS,
     DEFAULT_STEP_SETTINGS,
     StepSettings,

@@ -15,7 +15,7 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph import Code, StepState
-from ddpgraph.ddp import forward_counter
+from ddpgraph.ddp.build import forward_counter
 from ddpgraph.strategies import CompiledStep, make_step
 from ddpgraph.strategies.dynamo import FUSION_MODES, CompileSpec, compile_count, fusion_spec
 
@@ -193,7 +193,7 @@ def test_warm_up_copies_keep_each_argument_where_it_is(process_group) -> None:
     # strategy hands it (laid out as the static inputs will be) must keep the caller's
     # device, or a CPU batch (a pinned DataLoader's) would be recorded as a GPU input and
     # every later call with the user's CPU batch would differ from it and run eagerly.
-    from ddpgraph.inputs import TensorMeta
+    from ddpgraph.inputs.arguments import TensorMeta
     from ddpgraph.strategies.base import like_static_inputs
 
     x = torch.randn(8, 6)[:, :4]  # a slice: not contiguous

@@ -11,7 +11,7 @@ import torch
 
 import ddpgraph
 from ddpgraph import Code, StepState
-from ddpgraph.ddp import forward_counter
+from ddpgraph.ddp.build import forward_counter
 from ddpgraph.strategies.evaluation import capture_eval
 
 

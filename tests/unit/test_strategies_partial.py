@@ -179,7 +179,7 @@ def test_a_gradient_kept_from_the_graph_gets_its_own_memory() -> None:
         "lin",
         lin,
         lin.forward,
-        ddpgraph.inputs.Signature([torch.zeros(2, 4)], ddpgraph.inputs.flatten_call((torch.zeros(2, 4),), {})[1], ["args[0]"]),
+        ddpgraph.inputs.arguments.Signature([torch.zeros(2, 4)], ddpgraph.inputs.arguments.flatten_call((torch.zeros(2, 4),), {})[1], ["args[0]"]),
         AutocastState.current("cpu"),
         [(lin.weight, lin.weight.grad.data_ptr())],
     )

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from ddpgraph import teardown
+from ddpgraph.cycle import teardown
 
 
 class Step:

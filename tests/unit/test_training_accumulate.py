@@ -12,7 +12,7 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph import StepState
-from ddpgraph.ddp import forward_counter
+from ddpgraph.ddp.build import forward_counter
 from ddpgraph.training.accumulate import accumulate, split_batch
 from ddpgraph.training.scaler import GraphSafeGradScaler
 

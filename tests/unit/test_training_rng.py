@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import ddpgraph
-from ddpgraph import rng
+from ddpgraph.backends import rng
 from ddpgraph.training.scaler import GraphSafeGradScaler
 
 

@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from ddpgraph.warmup import (
+from ddpgraph.ddp.warmup import (
     default_warmup_steps,
     is_capturable_forward,
     is_sampled,

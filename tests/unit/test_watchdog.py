@@ -17,9 +17,9 @@ import torch
 
 import ddpgraph
 from ddpgraph import Code, DdpGraphError, DdpGraphUsageError
+from ddpgraph.agreement.peers import NoBoard
 from ddpgraph.findings import Finding
-from ddpgraph.peers import NoBoard
-from ddpgraph.watchdog import (
+from ddpgraph.watchdog.watch import (
     EXIT_CODE,
     FinishedEvent,
     ReplayWatchdog,
@@ -279,7 +279,7 @@ def test_capture_step_timeout_defaults_to_the_process_group(make_run) -> None:
 def test_capture_step_replays_feed_the_watchdog(make_run, batches, monkeypatch) -> None:
     """The hook sits after each replay and the check before each call: a stand-in event
     that never finishes makes the captured step's replay late, reported under "report"."""
-    monkeypatch.setattr(ddpgraph.watchdog, "event_factory_for", lambda device: StandInEvent)
+    monkeypatch.setattr(ddpgraph.watchdog.watch, "event_factory_for", lambda device: StandInEvent)
     run = make_run()
     with run.capture(replay_timeout=0.05, on_replay_timeout="report") as step:
         run.train(batches(13), step)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddpgraph.watchdog import EXIT_CODE
+from ddpgraph.watchdog.watch import EXIT_CODE
 from launcher import SCENARIOS, torchrun_env
 
 SCRIPT = SCENARIOS / "watchdog_process.py"

@@ -17,7 +17,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from ..distributed import current_rank
+from ..ddp.distributed import current_rank
 
 
 @lru_cache(maxsize=1)

@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..backends import emulation_backend
+from ..backends.graph import emulation_backend
 from ..capture import capture_step
-from ..ddp import infer_device_ids, prepare_ddp
-from ..distributed import DistInfo, init_distributed, launched_by_torchrun, shutdown
+from ..ddp.build import infer_device_ids, prepare_ddp
+from ..ddp.distributed import DistInfo, init_distributed, launched_by_torchrun, shutdown
+from ..ddp.streams import synchronize
 from ..errors import DdpGraphUsageError
-from ..optim import graph_safe_optimizer
-from ..streams import synchronize
+from ..optimizer.graph_safe import graph_safe_optimizer
 from . import arguments
 from .console import console, progress_bar, rank0_print
 from .launch import run_under_torchrun

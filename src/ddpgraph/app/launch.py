@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..distributed import launched_by_torchrun
+from ..ddp.distributed import launched_by_torchrun
 from .job import run_job
 
 __all__ = [

@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 
 from ..app.models import Workload
 from ..app.reference_step import StepOptions, make_train_step
-from ..step_settings import DEFAULT_STEP_SETTINGS
+from ..step.step_settings import DEFAULT_STEP_SETTINGS
 
 # Learning rate of every strategy's AdamW; the value does not change the step's cost.
 LEARNING_RATE = 1e-3
@@ -52,7 +52,7 @@ class Case:
         return {**devices, **DEFAULT_STEP_SETTINGS.ddp_kwargs()}
 
     def optimizer(self, model: nn.Module, **kwargs: Any) -> Optimizer:
-        """Every strategy's AdamW, with the kernel `ddpgraph.step_settings` chooses;
+        """Every strategy's AdamW, with the kernel `ddpgraph.step.step_settings` chooses;
         `kwargs` (a tensor `lr`, `capturable`) are passed on."""
         return DEFAULT_STEP_SETTINGS.adamw(model.parameters(), **{"lr": LEARNING_RATE, **kwargs})
 

@@ -42,7 +42,7 @@ from rich.table import Table
 from ..app import arguments
 from ..app.console import console
 from ..app.launch import run_under_torchrun
-from ..distributed import init_distributed, launched_by_torchrun, shutdown
+from ..ddp.distributed import init_distributed, launched_by_torchrun, shutdown
 from ..errors import DdpGraphUsageError, usage_error
 from ..strategies.names import current_names
 from .compare import fill_speedups, summary

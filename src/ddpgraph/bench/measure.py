@@ -29,7 +29,7 @@ from functools import partial
 import torch
 
 from ..app.reference_step import Timing
-from ..streams import synchronize
+from ..ddp.streams import synchronize
 from .busy import GpuProfile, profile_steps
 from .case import Case, Runner
 from .control import Control, PhaseFailed, short_error

@@ -32,9 +32,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..backends import emulation_backend
+from ..backends.graph import emulation_backend
 from ..capture import StepState
-from ..ddp import prepare_ddp
+from ..ddp.build import prepare_ddp
 from ..findings import Code
 from ..strategies import StrategyName, make_step
 from ..strategies import TrainStep as GraphedStep

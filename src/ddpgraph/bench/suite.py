@@ -19,8 +19,8 @@ from rich.progress import Progress
 
 from .. import __version__
 from ..app.console import progress_bar
-from ..distributed import DistInfo
-from ..step_settings import DEFAULT_STEP_SETTINGS
+from ..ddp.distributed import DistInfo
+from ..step.step_settings import DEFAULT_STEP_SETTINGS
 from .case import Case
 from .control import Control
 from .feeds import host_batches

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from ..app.models import CPU_GPT_CONFIG, GPTConfig, gpt_workload
-from ..buckets import choose_buckets, pad_to_bucket
 from ..errors import usage_error
+from ..family.buckets import choose_buckets, pad_to_bucket
 from .feeds import DATA_SEED, Batch
 from .presets import hf_gpt2, hf_llama
 from .workloads import ModelSpec

@@ -22,10 +22,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..app.console import progress_bar
-from ..backends import emulation_backend
+from ..backends.graph import emulation_backend
 from ..capture import StepState, capture_step
-from ..ddp import prepare_ddp
-from ..distributed import DistInfo
+from ..ddp.build import prepare_ddp
+from ..ddp.distributed import DistInfo
 from ..errors import DdpGraphWarning
 from .case import Case, Runner
 from .control import Control

@@ -2,7 +2,7 @@
 
 A failed capture is explained by this rank's own evidence first (a DDP model built on the
 default stream, a DDP forward recorded before the reducer was ready), then by the shared
-diagnosis of `ddpgraph.diagnose` (host syncs, the errors' text), which `capture_step`
+diagnosis of `ddpgraph.probe.diagnose` (host syncs, the errors' text), which `capture_step`
 uses as well. An error that ended the script is a NO_CUDA where CUDA raised it on a
 machine without a GPU, the error's own code where ddpgraph raised it, a
 STATIC_INPUT_CHANGED where a write into a graph's input raised it (the instrumentation
@@ -15,13 +15,13 @@ import os
 import traceback
 from collections.abc import Sequence
 
-from ..capture_mode import TORCH_DEFAULT_MODE
-from ..code_origin import TORCH_DIR, under
-from ..diagnose import capture_findings, error_chain, error_location, first_line
+from ..backends.capture_mode import TORCH_DEFAULT_MODE
+from ..ddp.warmup import MIN_WARMUP_ITERATIONS, is_capturable_forward, steps_until_capturable
 from ..errors import DdpGraphError
 from ..findings import Code, Finding, Location
-from ..probe import SyncEvent
-from ..warmup import MIN_WARMUP_ITERATIONS, is_capturable_forward, steps_until_capturable
+from ..probe.code_origin import TORCH_DIR, under
+from ..probe.diagnose import capture_findings, error_chain, error_location, first_line
+from ..probe.syncs import SyncEvent
 from .observed import DdpForward, DdpModel, Graph
 
 

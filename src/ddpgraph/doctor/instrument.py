@@ -27,9 +27,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from ..capture_mode import TORCH_DEFAULT_MODE
-from ..ddp import model_device
-from ..probe import ProbeResult, host_sync_probe, user_location
+from ..backends.capture_mode import TORCH_DEFAULT_MODE
+from ..ddp.build import model_device
+from ..probe.syncs import ProbeResult, host_sync_probe, user_location
 from .observed import StreamInfo, storage_key
 from .recorder import Recorder
 from .threads import ThreadWatch
@@ -38,7 +38,7 @@ from .threads import ThreadWatch
 # Calls between two checks of a captured step's Python values under the doctor
 # (`capture_step(verify_every=...)`): often, since a diagnosis may cost eager steps.
 CHECK_EVERY = 5
-_DDPGRAPH_MODULES = ("ddpgraph.fallback", "ddpgraph.capture", "ddpgraph.strategies.evaluation", "ddpgraph.training.monitor")
+_DDPGRAPH_MODULES = ("ddpgraph.cycle.fallback", "ddpgraph.capture", "ddpgraph.strategies.evaluation", "ddpgraph.training.monitor")
 
 
 class Instrumentation:
@@ -105,7 +105,7 @@ class Instrumentation:
         self._undo.append(_wrap(monitor, "nonfinite_finding", self._nonfinite))
         # A captured step checks its Python values after capture too (a flag the script
         # sets later): the doctor asks every step to, as often as `CHECK_EVERY`.
-        checks = importlib.import_module("ddpgraph.value_checks")
+        checks = importlib.import_module("ddpgraph.frozen.value_checks")
         checks.doctor_interval(CHECK_EVERY)
         self._undo.append(lambda: checks.doctor_interval(None))
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from ..ddp import ForwardCounter
+from ..ddp.build import ForwardCounter
 from ..findings import Location
 
 

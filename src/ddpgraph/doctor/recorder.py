@@ -6,7 +6,7 @@ order; the recorder keeps the bookkeeping (`observed.py`) and applies the rules
 each replay), so the rules can be tested by driving the events directly, without a GPU:
 
 * a DDP model: where and on which stream it was built, how many forwards its reducer
-  counted (`ddpgraph.ddp.ForwardCounter`), how many of them a backward followed;
+  counted (`ddpgraph.ddp.build.ForwardCounter`), how many of them a backward followed;
 * a capture: where it began, which DDP forwards and optimizer steps it recorded, which
   tensors from before the capture its DDP forwards read (its inputs);
 * a replay: whether hyper-parameters held as Python numbers changed since the capture,
@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from ..diagnose import error_chain
 from ..findings import Code, Finding, Location
-from ..probe import SyncEvent
+from ..probe.diagnose import error_chain
+from ..probe.syncs import SyncEvent
 from . import replay_rules
 from .failure_rules import (
     capture_failure_findings,

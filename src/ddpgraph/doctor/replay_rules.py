@@ -22,7 +22,7 @@ import torch
 from torch.optim import Optimizer
 
 from ..findings import Code, Finding, Location
-from ..optim import NOT_HYPERPARAMETERS
+from ..optimizer.graph_safe import NOT_HYPERPARAMETERS
 from .observed import Graph, StateLoad
 
 # Kernel choices, not values a replay reads: `capture_step` installs its graph-safe flags

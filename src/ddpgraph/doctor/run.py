@@ -27,7 +27,7 @@ import torch
 from ..app.job import stop_job
 from ..app.launch import torchrun_command
 from ..findings import Location
-from ..probe import location_of, user_frame
+from ..probe.syncs import location_of, user_frame
 from .records import DIR_VARIABLE, RankRecord, RankStatus, read_records, stack_dump_path
 
 _STACK_WAIT_S = 1.5

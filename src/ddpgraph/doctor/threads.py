@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as dataloader_module
 
 from ..findings import Location
-from ..probe import user_location
+from ..probe.syncs import user_location
 from .observed import ThreadCall
 from .recorder import Recorder
 

@@ -5,5 +5,5 @@ only when asked for: `ddpgraph.lightning` (PyTorch Lightning, `pip install
 ddpgraph[lightning]`), `ddpgraph.accelerate` (Hugging Face Accelerate, `pip install
 ddpgraph[accelerate]`) and `ddpgraph.transformers` (transformers' Trainer, `pip install
 ddpgraph[transformers]`). A DDP model built with plain `DDP(...)` needs no integration:
-`capture_step` adopts it (`ddpgraph.adopt`).
+`capture_step` adopts it (`ddpgraph.ddp.adopt`).
 """

@@ -41,12 +41,12 @@ from lightning.pytorch.plugins.precision import (
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
 
-from ..agreement import Outcome, agree
-from ..backends import GraphBackend
+from ..agreement.agree import Outcome, agree
+from ..backends.graph import GraphBackend
 from ..capture import CapturedStep, StepState, StepStats, capture_step
-from ..ddp import model_device
-from ..distributed import current_rank
-from ..fallback import OnFailure, fall_back
+from ..cycle.fallback import OnFailure, fall_back
+from ..ddp.build import model_device
+from ..ddp.distributed import current_rank
 from ..findings import Code, Finding
 
 __all__ = ["CUDAGraphCallback", "lightning_refusal"]

@@ -40,12 +40,12 @@ import torch
 from torch import nn
 from transformers import Trainer
 
-from ..agreement import Outcome, agree
-from ..backends import GraphBackend
+from ..agreement.agree import Outcome, agree
+from ..backends.graph import GraphBackend
 from ..capture import CapturedStep, StepState, capture_step
-from ..ddp import model_device, process_group_of
-from ..distributed import current_rank
-from ..fallback import OnFailure, fall_back
+from ..cycle.fallback import OnFailure, fall_back
+from ..ddp.build import model_device, process_group_of
+from ..ddp.distributed import current_rank
 from ..options import CaptureOptions
 from ..strategies.base import Reason, TrainStep
 from ..strategies.dynamo import is_compiled_module, unwrap_compiled

@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..safe_optimizers import GraphSafeOptimizers
+from ..optimizer.safe_optimizers import GraphSafeOptimizers
 from .transformers_setup import SUBJECT
 
 __all__ = ["GraphSafeReference"]

@@ -36,10 +36,10 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from .. import ddp as ddp_tools
-from ..agreement import Decision, agree
+from ..agreement.agree import Decision, agree
 from ..capture import StepState, StepStats
-from ..ddp import process_group_of
+from ..ddp import build as ddp_tools
+from ..ddp.build import process_group_of
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
 from .base import R, StepBase, TrainStep

@@ -14,13 +14,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .. import ddp as ddp_tools
-from ..eager_call import run_eager_call
+from ..cycle.eager_call import run_eager_call
+from ..cycle.step_record import StepState, StepStats
+from ..ddp import build as ddp_tools
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
-from ..inputs import StaticInputs, flatten_call
+from ..inputs.arguments import StaticInputs, flatten_call
 from ..options import CaptureOptions as CaptureOptions  # re-exported: the strategies take it
-from ..step_record import StepState, StepStats
 from .names import STRATEGY_NAMES as STRATEGY_NAMES  # re-exported: the strategies read them here
 from .names import StrategyName as StrategyName
 from .selection import SelectionReport

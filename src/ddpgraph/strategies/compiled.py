@@ -43,15 +43,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
-from .. import ddp as ddp_tools
-from ..agreement import Action, Outcome, agree
+from ..agreement.agree import Action, Outcome, agree
 from ..capture import CapturedStep, StepState, StepStats
-from ..ddp import process_group_of
-from ..distributed import current_rank
+from ..cycle.step_record import Report
+from ..ddp import build as ddp_tools
+from ..ddp.build import process_group_of
+from ..ddp.distributed import current_rank
+from ..ddp.warmup import default_warmup_steps
 from ..errors import DdpGraphWarning, usage_error
 from ..findings import Code, Finding
-from ..step_record import Report
-from ..warmup import default_warmup_steps
 from .base import CaptureOptions, R, Reason, StepBase, like_static_inputs
 from .dynamo import (
     CompileSpec,

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from .. import ddp as ddp_tools
+from ..ddp import build as ddp_tools
 from .base import CaptureOptions, R, StepBase, run_eager
 
 SUMMARY = "the step as written: eager DDP, nothing recorded or compiled"

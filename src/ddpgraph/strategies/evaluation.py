@@ -39,18 +39,18 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..agreement import Action, Outcome
-from ..backends import CudaGraphBackend, GraphBackend
-from ..distributed import current_rank
-from ..engine import CaptureEngine
+from ..agreement.agree import Action, Outcome
+from ..backends.graph import CudaGraphBackend, GraphBackend
+from ..cycle.engine import CaptureEngine
+from ..cycle.fallback import OnFailure
+from ..cycle.step_record import Captured, Report, StepState, has_peers
+from ..ddp.distributed import current_rank
+from ..ddp.streams import can_run_graphs, capture_stream
 from ..errors import usage_error
-from ..fallback import OnFailure
 from ..findings import Code, Finding
-from ..inputs import StaticInputs, check_supported
+from ..inputs.arguments import StaticInputs, check_supported
 from ..options import CaptureOptions
-from ..probe import host_sync_probe
-from ..step_record import Captured, Report, StepState, has_peers
-from ..streams import can_run_graphs, capture_stream
+from ..probe.syncs import host_sync_probe
 from .dynamo import compile_count
 
 log = logging.getLogger("ddpgraph")

@@ -11,14 +11,14 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from .. import ddp as ddp_tools
-from ..backends import GraphBackend
+from ..backends.graph import GraphBackend
 from ..capture import as_optimizers, capture_step
+from ..cycle.fallback import OnFailure
+from ..ddp import build as ddp_tools
+from ..ddp.streams import can_run_graphs
 from ..errors import DdpGraphError, DdpGraphUsageError, usage_error
-from ..fallback import OnFailure
 from ..findings import Code, Finding
-from ..optim import graph_safe_optimizer
-from ..streams import can_run_graphs
+from ..optimizer.graph_safe import graph_safe_optimizer
 from .auto import AutoStep
 from .base import CaptureOptions, R, TrainStep
 from .compiled import CompiledStep

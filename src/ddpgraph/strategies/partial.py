@@ -31,16 +31,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..agreement import Outcome, agree
-from ..capture_mode import default_capture_mode
-from ..ddp import inner_module, model_device, process_group_of
-from ..diagnose import finding_from_error
-from ..distributed import current_rank
+from ..agreement.agree import Outcome, agree
+from ..backends.capture_mode import default_capture_mode
+from ..ddp.build import inner_module, model_device, process_group_of
+from ..ddp.distributed import current_rank
+from ..ddp.streams import can_run_graphs
 from ..errors import DdpGraphError, usage_error
 from ..findings import Code, Finding
-from ..inputs import Signature, flatten_call, leaf_paths, stage_leaves
-from ..probe import classify
-from ..streams import can_run_graphs
+from ..inputs.arguments import Signature, flatten_call, leaf_paths, stage_leaves
+from ..probe.diagnose import finding_from_error
+from ..probe.syncs import classify
 from .partial_check import forward_backward, relative_difference, settle
 from .partial_graphed import (
     HANDLE_ATTR,

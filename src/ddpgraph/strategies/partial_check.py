@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..backends import settle_after_failed_capture
-from ..streams import can_run_graphs
+from ..backends.graph import settle_after_failed_capture
+from ..ddp.streams import can_run_graphs
 from .partial_record import AutocastState
 
 __all__ = ["forward_backward", "relative_difference", "settle"]

@@ -11,10 +11,10 @@ from typing import Any
 
 from torch import nn
 
-from ..ddp import model_device
+from ..ddp.build import model_device
 from ..errors import DdpGraphWarning
 from ..findings import Code, Finding
-from ..inputs import Signature, flatten_call
+from ..inputs.arguments import Signature, flatten_call
 from .partial_record import AutocastState
 
 __all__ = ["HANDLE_ATTR", "GraphedForward", "PartialGraphs", "PartialReport", "Skipped", "label", "restore_forward"]

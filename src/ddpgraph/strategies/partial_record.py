@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..ddp import model_device
-from ..inputs import flatten_call, stage_leaves, unflatten_call
-from ..probe import host_sync_probe
+from ..ddp.build import model_device
+from ..inputs.arguments import flatten_call, stage_leaves, unflatten_call
+from ..probe.syncs import host_sync_probe
 
 __all__ = ["AutocastState", "CallRecord", "LocalState", "SubmoduleRecorder", "record_forward", "record_step"]
 

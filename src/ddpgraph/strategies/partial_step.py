@@ -16,12 +16,12 @@ from typing import Any
 
 from torch import nn
 
-from .. import ddp as ddp_tools
 from ..capture import StepState
-from ..ddp import inner_module, process_group_of
+from ..ddp import build as ddp_tools
+from ..ddp.build import inner_module, process_group_of
+from ..ddp.streams import can_run_graphs
 from ..errors import usage_error
 from ..findings import Code, Finding
-from ..streams import can_run_graphs
 from .base import CaptureOptions, R, StepBase, run_eager
 from .partial import DEFAULT_TOLERANCE, Grapher, graph_recorded, partial_report
 from .partial_graphed import PartialGraphs, PartialReport

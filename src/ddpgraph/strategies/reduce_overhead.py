@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import ddp as ddp_tools
+from ..ddp import build as ddp_tools
+from ..ddp.streams import can_run_graphs
 from ..findings import Code, Finding
-from ..streams import can_run_graphs
 from .base import CaptureOptions, R, StepBase, run_eager
 from .dynamo import CompileSpec, InPlaceCompile
 

@@ -1,6 +1,6 @@
 """A copy of the training state by value, to run trial steps and then undo them.
 
-Unlike `ddpgraph.snapshot.TrainingSnapshot` (which keeps references, for undoing a
+Unlike `ddpgraph.step.snapshot.TrainingSnapshot` (which keeps references, for undoing a
 recording that ran no kernels), this clones every tensor, because trial steps really
 run. Restoring copies the values back into the *same* tensors and puts back the same
 tensor objects (gradients, optimizer state, learning-rate tensors), so whatever holds

@@ -23,14 +23,14 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils import _pytree as pytree
 
-from .. import ddp as ddp_tools
-from ..agreement import Outcome
+from ..agreement.agree import Outcome
 from ..capture import StepState
-from ..diagnose import finding_from_error
-from ..distributed import current_rank
+from ..ddp import build as ddp_tools
+from ..ddp.distributed import current_rank
+from ..ddp.streams import synchronize
+from ..ddp.warmup import MIN_WARMUP_ITERATIONS
 from ..findings import Code, Finding
-from ..streams import synchronize
-from ..warmup import MIN_WARMUP_ITERATIONS
+from ..probe.diagnose import finding_from_error
 from .base import TrainStep, run_eager
 from .partial_check import relative_difference
 from .trial_snapshot import TrialSnapshot

@@ -18,7 +18,7 @@ _REFERENCE_STEP = {
     "StepOptions": "ddpgraph.app.reference_step",
     "Timing": "ddpgraph.app.reference_step",
     "make_train_step": "ddpgraph.app.reference_step",
-    "synchronize": "ddpgraph.streams",
+    "synchronize": "ddpgraph.ddp.streams",
 }
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from ..ddp import inner_module, model_device
+from ..ddp.build import inner_module, model_device
 from ..errors import usage_error
 from .scaler import GraphSafeGradScaler
 

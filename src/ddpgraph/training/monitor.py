@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from ..distributed import current_rank
+from ..ddp.distributed import current_rank
 from ..errors import DdpGraphError, DdpGraphWarning, usage_error
 from ..findings import Code, Finding
 

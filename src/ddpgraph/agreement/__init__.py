@@ -1,0 +1,1 @@
+"""Every rank takes the same decision, or none does; what peers last reported."""

@@ -1,0 +1,1 @@
+"""Graph backends: CUDA graphs, the CPU recording and the pass-through stand-in."""

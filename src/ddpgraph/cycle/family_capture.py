@@ -1,0 +1,142 @@
+"""The call on which ranks add graphs to their families (`family`), and why it pairs.
+
+Ranks may hold graphs of different shapes and see different shapes on the same call
+(each rank pads its own batch). That is safe for the same reason an eager step on one
+rank is safe while its peers replay: DDP's collectives in a step do not depend on the
+batch shape. The gradient all-reduce runs over buckets, which are flat buffers laid out
+from the parameters when the reducer is built and rebuilt once on iteration 2; a step
+with 8x64 tokens and one with 8x512 tokens all-reduce the same buckets, in the same
+order, with the same sizes. The buffer broadcast of a forward is parameter- and
+buffer-shaped too. So a replay of a graph for one shape pairs with a replay of another
+shape's graph on a peer, and with an eager step of any shape.
+
+What must pair is what a rank runs on the call that adds a graph. A rank adds a graph
+only on a decision point (every call without peers; every `agree_every`-th call with
+them), where the ranks already meet, and the decision tells every rank that some rank
+adds one, so that all of them meet once more, for the outcome of the recordings:
+
+* CUDA graphs: recording runs no kernel, so its NCCL calls are recorded, not executed.
+  An adding rank records, then meets its peers, then replays the new graph: that
+  replay is this call's step (applied exactly once) and its all-reduce pairs with the
+  peers' step (a replay or an eager call), which they run after the same meeting.
+* A backend that runs the step while recording (the stand-in): the recording itself is
+  this call's step, with its collectives, so an adding rank records and does not
+  replay, and its peers run their step before the meeting too.
+
+Warm-up calls of a new signature are eager steps: they pair with the peers' replays.
+The outcome is local unless a failure left a rank's reducer mid-backward: resetting it
+makes the next backward rebuild buckets with a collective, and a rebuilt reducer has
+new buffers that no held graph reads, so then every rank resets, releases its graphs and
+continues eagerly. Otherwise a signature that failed runs eagerly on that rank, and the
+ranks keep their graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ..agreement.agree import Outcome
+from ..ddp import build as ddp_tools
+from ..ddp.distributed import current_rank
+from .attempt import hold, raise_agreed, record_attempt
+from .engine import CaptureEngine
+from .fallback import fall_back
+from .step_record import Captured
+
+R = TypeVar("R")
+_FAILED = "Calls with that input signature run eagerly on the ranks where its capture failed; the other graphs stay."
+
+
+def add_graph_call(
+    step: CaptureEngine[R], adding: bool, serve: Callable[[], R],
+    args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any,
+) -> R:
+    """This call, on a decision point where some rank adds a graph. `adding`: this rank
+    does (its signature is warmed up and unheld); `serve` runs the call as usual."""
+    backend = step._backend
+    assert backend is not None
+    runs = backend.executes_during_capture
+    outcome = Outcome(current_rank(), True)
+    out: list[R] = []
+    captured: Captured | None = None
+    after_failure: Callable[[], None] = _nothing
+    raised: BaseException | None = None
+    if adding:
+        buffer_sync = ddp_tools.will_sync_buffers(step._model)
+        # With a backend that runs it, the recording is this call's step (`out`).
+        attempt = record_attempt(step, leaves, spec, step._family.pool, ran=out)
+        outcome, after_failure, raised = attempt.outcome, attempt.after_failure, attempt.raised
+        if not runs:
+            out.clear()  # recorded, not run: the call's step is the replay below
+        if attempt.graph is not None:
+            captured = hold(step, attempt, buffer_sync, args, kwargs, leaves, spec)
+            step._family.add(captured)
+            step._record = captured
+    elif runs:
+        out.append(serve())
+    decision = step._decide(outcome)
+    if decision.step_raised:
+        if adding and not out:
+            after_failure()
+        if decision.reducer_needs_reset:
+            ddp_tools.reset_reducer(step._model)
+        raise_agreed(step, decision, raised)
+    if not decision.ok:
+        fall_back(decision.summary(), "eager", continues=_FAILED, stacklevel=4)
+    if decision.reducer_needs_reset:
+        # Releases every graph, the one just added too.
+        if adding and not out:
+            after_failure()
+        ddp_tools.reset_reducer(step._model)
+        step._give_up(step._summarise(decision))
+    elif not adding:
+        return out[0] if out else serve()
+    elif captured is None:
+        step._family.failed()
+        if out:  # the stand-in ran the step before its recording was refused
+            return out[0]
+        after_failure()
+    elif captured is not None:
+        # Added: the replay is this call's step, or the stand-in's recording was.
+        return _outputs(step, out[0]) if out else step._replay(captured, leaves)
+    if out:
+        return out[0]
+    step.stats.eager_steps += 1
+    return step._eager(leaves, spec)
+
+
+def _outputs(step: CaptureEngine[R], result: R) -> R:
+    if step._options.clone_outputs:
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, result)  # type: ignore[no-any-return]
+    return result
+
+
+class FamilySteps(CaptureEngine[R]):
+    """The engine with a family of graphs: when a call adds one, and that call."""
+
+    def _recordable_now(self) -> bool:
+        """Whether a recording may start on this call (the step knows its DDP counts)."""
+        return True
+
+    def _policy_adds_graph(self, record: Captured) -> bool:
+        # As for a replay: the captured mode and buffer broadcast; as for a capture: not
+        # on an iteration where DDP samples its statistics (this rank's own count).
+        return (
+            self._family.may_add()
+            and self._model.training is record.training
+            and ddp_tools.will_sync_buffers(self._model) is record.buffer_sync
+            and self._recordable_now()
+        )
+
+    def _policy_add_graph(
+        self, adding: bool, serve: Callable[[], R], args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> R:
+        return add_graph_call(self, adding, serve, args, kwargs, leaves, spec)
+
+
+def _nothing() -> None:
+    pass

@@ -1,0 +1,91 @@
+"""What a captured step is and holds, apart from how it moves: its states, its counters,
+the record of a capture, and what a guard reports. Shared by the engine, its policies
+and the guards, which must not depend on the engine itself.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ..agreement.agree import Action, Outcome
+from ..backends.graph import CapturedGraph
+from ..findings import Finding
+from ..inputs.arguments import StaticInputs
+from ..inputs.replay import Recording
+
+__all__ = ["Captured", "Report", "StepState", "StepStats", "has_peers"]
+
+
+def has_peers(model: nn.Module) -> bool:
+    """Whether a step's decisions involve other ranks: a DDP model over a group of more
+    than one process. Any other step decides alone."""
+    if not (isinstance(model, DDP) and dist.is_available() and dist.is_initialized()):
+        return False
+    return dist.get_world_size(model.process_group) > 1
+
+
+class StepState(str, enum.Enum):
+    WARMUP = "warmup"
+    CAPTURED = "captured"
+    EAGER = "eager"
+    CLOSED = "closed"
+
+
+@dataclass
+class StepStats:
+    calls: int = 0
+    warmup_steps: int = 0
+    replays: int = 0
+    eager_steps: int = 0  # eager calls after warm-up: fallback or changed inputs
+    input_changes: int = 0
+    captures: int = 0
+    capture_seconds: float | None = None
+    # The graphs held (`capture_step(max_graphs=...)`, see `family`).
+    graphs: int = 0
+    replays_per_graph: dict[str, int] = field(default_factory=dict)
+    evictions: int = 0
+    pool_bytes: int | None = None  # the family's memory pool; None off CUDA or unknown
+    value_checks: int = 0  # calls served eagerly to check for frozen Python values (`value_checks`)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a guard saw on this rank, and the transition it asks the ranks to agree on."""
+
+    finding: Finding
+    action: Action
+
+
+@dataclass(frozen=True)
+class Captured:
+    """What was captured, fixed at the capture call: the graph with its inputs, and the
+    model's flags that a replay cannot change (it runs no Python)."""
+
+    recording: Recording[Any]
+    training: bool
+    forward_sync: bool
+    buffer_sync: bool
+    policy: Any = field(default=None)  # the step's own record (its guards)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One recording of the step on static copies of a call's inputs, before the ranks
+    agree on it: the graph (None when it failed), this rank's outcome, how to put the
+    training state back after a stand-in's recording or a failure, and the exception the
+    step itself raised, if it did (`diagnose.raised_by_step`)."""
+
+    graph: CapturedGraph | None
+    static: StaticInputs
+    outcome: Outcome
+    after_stand_in: Callable[[], None]
+    after_failure: Callable[[], None]
+    seconds: float
+    raised: BaseException | None = None

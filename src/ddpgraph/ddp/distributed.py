@@ -1,0 +1,82 @@
+"""The process's place in the job: launcher detection, process-group setup, rank-0 output.
+
+torchrun is the launcher (single node and multi-node alike); this module only reads
+what torchrun sets and initialises the default process group from it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    """True inside a worker that torchrun (or another launcher setting its variables) started."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def init_distributed(
+    *, backend: str | None = None, timeout_s: float = 600.0, force_cpu: bool = False
+) -> DistInfo:
+    """Initialise the default process group from torchrun's variables, once.
+
+    NCCL with one GPU per process when CUDA is available (the device is LOCAL_RANK),
+    gloo on CPU otherwise. Outside torchrun this makes a one-process group, so the same
+    script runs as `python train.py` and as `torchrun --nproc_per_node=N train.py`.
+    """
+    use_cuda = torch.cuda.is_available() and not force_cpu
+    if not launched_by_torchrun():
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if use_cuda:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    chosen = backend or ("nccl" if use_cuda else "gloo")
+    if not dist.is_initialized():
+        dist.init_process_group(chosen, timeout=datetime.timedelta(seconds=timeout_s))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, chosen)
+
+
+def current_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def shutdown() -> None:
+    """Destroy the default process group if this process created one, after closing
+    the captured steps still alive: a live graph holds the NCCL communicator."""
+    from ..cycle.teardown import close_live_steps
+
+    close_live_steps()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

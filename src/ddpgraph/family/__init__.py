@@ -1,0 +1,1 @@
+"""Graph families (one graph per input signature, one memory pool) and length buckets."""

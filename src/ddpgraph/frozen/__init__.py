@@ -1,0 +1,1 @@
+"""Python values a replay would freeze: watched at warm-up and checked after capture."""

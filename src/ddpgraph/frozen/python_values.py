@@ -1,0 +1,350 @@
+"""The Python values a step feeds into its operations, watched over several steps.
+
+A replay runs no Python: what the step's Python computed while the graph was recorded
+(a float it scaled the loss by, an int it used as a size or an index, the branch it
+took) is what every replay repeats. So before a step is captured, and at the periodic
+check after (`value_checks`), its calls run under `ValueWatch`, a `TorchFunctionMode`
+that sees every torch function the step's Python calls (`torch.*`, `Tensor` methods,
+`torch.nn.functional`) with its arguments. What is not a tensor is kept, by value; a
+tensor is kept as a mark only (its data is the graph's to carry). Two calls with the
+same input signature that differ in such a value, or in which functions they called (a
+Python branch), differ in something a replay would freeze.
+
+The level is deliberate. A function mode sees what Python passes, and nothing else:
+the backward, DDP's reducer and the optimizer's kernels run in C++ from what the
+forward and the parameters decide, so an aten-level `TorchDispatchMode` would see more
+operations without more Python values, at five times the cost per operation, and would
+miss `torch.tensor(value)`, whose value hides inside a tensor by then.
+
+Left to others, because they are watched with their own codes or vary legitimately:
+
+* the optimizers' steps (one mark each, contents not watched): their hyper-parameters
+  are Python numbers in their kernels, followed by `step_optimizers` before every
+  replay (LR_BAKED_INTO_GRAPH), and a scheduler changes them between steps on purpose;
+* the call's own arguments: calls are compared only with calls of the same signature,
+  and a non-tensor argument that changes is `call_guard`'s (INPUT_SIGNATURE_CHANGED);
+* profiler ranges (`record_function`), which no graph records;
+* code compiled by torch.compile: a mode on the stack is one of Dynamo's guards, so the
+  watch steps out around compiled modules (`outside_compiled`), and the Python values a
+  compiled forward reads are the guards' to check (`dynamo_guard_failures`).
+
+Random numbers are tensors drawn on the device; DDP's bucket rebuild (iteration 2) and
+optimizers' first-step state are long past when the watched steps run (the last
+`WATCHED_STEPS` of warm-up).
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+import re
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.optim.optimizer as optimizer_module
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..findings import Code, Finding, Location
+from ..probe.syncs import user_location
+
+# The probe step and the steps before it whose calls are watched: two to compare, and
+# a third for the values the finding lists.
+WATCHED_STEPS = 3
+# How many values a finding lists, and how long each may be.
+_SHOWN_VALUES = 4
+_VALUE_CHARS = 40
+
+
+_compiling = torch.compiler.is_compiling
+
+
+class _Tensor:
+    """The mark a tensor argument leaves in a trace."""
+
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+
+_TENSOR = _Tensor()
+_TENSOR_TYPES = frozenset({torch.Tensor, nn.Parameter})
+_NAN = "nan"  # NaN is not equal to itself; a NaN constant must not look like a change
+_PLAIN = (int, str, bool, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format, slice)
+
+
+def _value(v: Any) -> Any:
+    """What a trace keeps of one argument: the value of a plain one, a mark for a
+    tensor, the type of any other object (a generator, a module, a process group)."""
+    if isinstance(v, torch.Tensor):
+        return _TENSOR
+    if isinstance(v, float):
+        return v if v == v else _NAN
+    if isinstance(v, _PLAIN) or v is Ellipsis:
+        return v
+    if isinstance(v, (list, tuple)):
+        return tuple(_value(x) for x in v)
+    if isinstance(v, dict):
+        return tuple((k, _value(x)) for k, x in v.items())
+    return type(v)
+
+
+def _name(func: Any) -> str:
+    if isinstance(func, _OptimizerStep):
+        return f"{func.name}.step()"
+    try:
+        return str(torch.overrides.resolve_name(func) or getattr(func, "__qualname__", func))
+    except Exception:  # a callable torch cannot name
+        return str(getattr(func, "__qualname__", func))
+
+
+_IGNORED: dict[Any, bool] = {}
+
+
+def _ignored(func: Any) -> bool:
+    """Profiler ranges: named by the step, never part of a graph (decided once per function)."""
+    try:
+        return _IGNORED[func]
+    except KeyError:
+        name = str(getattr(func, "_qualified_op_name", "") or getattr(func, "__module__", "") or "")
+        _IGNORED[func] = ignored = "profiler" in name
+        return ignored
+    except TypeError:  # not hashable
+        return False
+
+
+@dataclass(frozen=True)
+class _OptimizerStep:
+    """The mark an optimizer's step leaves in a trace, in place of what it called."""
+
+    name: str
+
+
+Entry = tuple[Any, tuple[Any, ...]]  # (function, what its arguments were)
+
+
+@dataclass
+class Divergence:
+    """Where a call first differed from the reference call: the index of the first
+    differing entry, the user's line there (None when this call ran out of entries
+    first), and the entries at that index (None where a call had none)."""
+
+    index: int
+    location: Location | None
+    entries: list[Entry | None]
+
+
+class Trace:
+    """The entries of one watched call."""
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.guard_failures: list[str] = []  # Dynamo's, during this call
+        self.checked = False  # a check call after capture (`value_checks`), not a warm-up step
+
+
+class ValueWatch(TorchFunctionMode):
+    """Records the calls of one step into `trace`; with a `reference`, notes the user's
+    line at the first entry that differs from it (the stack is read only there)."""
+
+    def __init__(self, reference: Trace | None = None) -> None:
+        super().__init__()
+        self.trace = Trace()
+        self._reference = reference.entries if reference is not None else None
+        self.divergence: Divergence | None = None
+        self._optimizer_depth = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        # Dynamo tracing through this mode (a function compiled inside the step that
+        # `outside_compiled` could not reach): pass through and record nothing, so
+        # that the traced graph holds nothing of the watch.
+        if self._optimizer_depth or _compiling() or _ignored(func):
+            return func(*args, **kwargs)
+        # Plain tensors are most arguments: marked without a call of `_value`.
+        values = tuple([_TENSOR if type(a) in _TENSOR_TYPES else _value(a) for a in args])
+        if kwargs:
+            values += tuple((k, _value(v)) for k, v in kwargs.items())
+        self._add((func, values))
+        return func(*args, **kwargs)
+
+    def _add(self, entry: Entry) -> None:
+        """Append `entry`; at the first one unlike the reference's, note the user's line
+        (in the stack from the caller of the method calling this one)."""
+        entries = self.trace.entries
+        ref = self._reference
+        if ref is not None and self.divergence is None:
+            i = len(entries)
+            if i >= len(ref) or ref[i] != entry:
+                where = user_location(traceback.extract_stack(sys._getframe(2)))
+                self.divergence = Divergence(i, where, [ref[i] if i < len(ref) else None, entry])
+        entries.append(entry)
+
+    def finish(self) -> None:
+        """After the call: a reference longer than this call diverges where it ended."""
+        ref = self._reference
+        if ref is not None and self.divergence is None and len(ref) > len(self.trace.entries):
+            i = len(self.trace.entries)
+            self.divergence = Divergence(i, None, [ref[i], None])
+
+    # Optimizer steps leave one mark (see the module docstring).
+    def optimizer_started(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._optimizer_depth:
+            self._add((_OptimizerStep(type(optimizer).__name__), ()))
+        self._optimizer_depth += 1
+
+    def optimizer_ended(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._optimizer_depth = max(0, self._optimizer_depth - 1)
+
+
+@contextmanager
+def watching(watch: ValueWatch, model: nn.Module | None) -> Iterator[ValueWatch]:
+    """Run the block under `watch`, out of compiled code, with optimizer steps marked."""
+    pre = getattr(optimizer_module, "register_optimizer_step_pre_hook", None)
+    post = getattr(optimizer_module, "register_optimizer_step_post_hook", None)
+    failures = _guard_failure_counts()
+    with ExitStack() as stack:
+        if pre is not None and post is not None:
+            stack.callback(pre(watch.optimizer_started).remove)
+            stack.callback(post(watch.optimizer_ended).remove)
+        if model is not None:
+            outside_compiled(model, watch, stack)
+        stack.enter_context(watch)
+        try:
+            yield watch
+        finally:
+            watch.finish()
+    watch.trace.guard_failures = dynamo_guard_failures(failures)
+
+
+def outside_compiled(model: nn.Module, watch: ValueWatch, stack: ExitStack) -> None:
+    """Make every compiled module under `model` run with `watch` off the mode stack,
+    until `stack` closes: Dynamo guards on the stack, so a mode on it would make it
+    compile again, and then trace the mode (`module.compile()` replaces the whole call;
+    a `torch.compile(module)` wrapper compiles its `forward`)."""
+    for module in model.modules():
+        compiled = module.__dict__.get("_compiled_call_impl")
+        if compiled is not None:
+            module._compiled_call_impl = _without(watch, compiled)
+            stack.callback(setattr, module, "_compiled_call_impl", compiled)
+        elif hasattr(module, "_orig_mod") and hasattr(module, "dynamo_ctx") and "forward" in module.__dict__:
+            forward = module.__dict__["forward"]
+            module.__dict__["forward"] = _without(watch, forward)
+            stack.callback(module.__dict__.__setitem__, "forward", forward)
+
+
+def _without(watch: ValueWatch, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        current = torch._C._len_torch_function_stack()
+        if current and torch._C._get_function_stack_at(current - 1) is watch:
+            with torch.overrides._pop_mode_temporarily():
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def _guard_failure_store() -> Any:
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    return getattr(dynamo_utils, "guard_failures", None)
+
+
+def _guard_failure_counts() -> dict[Any, int]:
+    store = _guard_failure_store()
+    return {code: len(v) for code, v in store.items()} if store is not None else {}
+
+
+def dynamo_guard_failures(before: dict[Any, int]) -> list[str]:
+    """The reasons torch.compile's guards gave for failing since `before`
+    (`_guard_failure_counts`, per compiled code object): a Python value a compiled
+    frame read changed."""
+    store = _guard_failure_store()
+    if store is None:
+        return []
+    return [str(r) for code, v in list(store.items()) for r in v[before.get(code, 0):]]
+
+
+_GUARD_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def guard_location(reason: str) -> Location | None:
+    """The user's line in a Dynamo guard failure's reason (its "User stack trace")."""
+    found = list(_GUARD_LINE.finditer(reason))
+    if not found:
+        return None
+    file, line = found[-1]["file"], int(found[-1]["line"])
+    return Location(file, line, linecache.getline(file, line).strip())
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    if isinstance(value, float) and math.isfinite(value):
+        text = f"{value:.6g}"
+    return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 3] + "..."
+
+
+def _differing_argument(entries: Sequence[Entry]) -> list[Any] | None:
+    """The first argument that differs between calls of one function, call by call; None
+    when no argument does (the calls differ in how many they took)."""
+    arity = {len(e[1]) for e in entries}
+    if len(arity) != 1:
+        return None
+    for position in range(arity.pop()):
+        column = [e[1][position] for e in entries]
+        if any(c != column[0] for c in column):
+            # A keyword argument is kept as (name, value).
+            return [c[1] if isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], str) else c for c in column]
+    return None
+
+
+FIX = (
+    "pass the value into the step as a tensor argument (`step(x, y, torch.tensor(value))`), "
+    "or keep it in a device tensor that the step updates in place (`weight.mul_(0.99)`, "
+    "`count.add_(1)`); a branch on a value that changes between calls becomes a tensor "
+    "operation (`torch.where`), or moves out of the step"
+)
+
+
+def frozen_finding(divergence: Divergence, older: Sequence[Trace], *, when: str, later: str) -> Finding:
+    """FROZEN_PYTHON_VALUE for `divergence`. `older` are earlier watched calls whose
+    entry at that index, where it is a call of the same function, joins the values
+    shown; `when` says which calls the values are from ("in the last 3 warm-up steps"),
+    `later` what the graph does with them."""
+    i = divergence.index
+    reference, current = divergence.entries[0], divergence.entries[-1]
+    where = divergence.location
+    line = f"`{where.source}`" if where is not None and where.source else "the step"
+    if reference is not None and current is not None and reference[0] == current[0]:
+        earlier = [t.entries[i] for t in older if i < len(t.entries) and t.entries[i][0] == current[0]]
+        values = _differing_argument([*earlier, reference, current]) or _differing_argument([reference, current])
+        shown = ", ".join(_show(v) for v in (values or [])[-_SHOWN_VALUES:]) or "other arguments"
+        happened = (
+            f"{line} passes `{_name(current[0])}` a Python value that changes from call to call "
+            f"({shown} {when}); {later}"
+        )
+    else:
+        ran = [f"`{_name(e[0])}`" if e is not None else "nothing more" for e in (current, reference)]
+        happened = (
+            f"{line} takes another path from call to call (a Python branch): the step ran {ran[0]} "
+            f"where the other call ran {ran[1]} ({when}); {later}"
+        )
+    return Finding(Code.FROZEN_PYTHON_VALUE, happened, FIX, subject="`capture_step`", location=where)
+
+
+def guard_finding(reasons: Sequence[str], *, when: str, later: str) -> Finding:
+    """FROZEN_PYTHON_VALUE for a torch.compile guard that failed: a Python value that
+    a compiled forward reads changed."""
+    first = reasons[0]
+    guard = first.split("\n", 1)[0].split("#", 1)[0].split(": ", 1)[-1].strip()
+    return Finding(
+        Code.FROZEN_PYTHON_VALUE,
+        f"torch.compile's guard `{guard}` failed {when}: a Python value the compiled code reads "
+        f"changed; {later}",
+        FIX,
+        subject="`capture_step`",
+        location=guard_location(first),
+    )

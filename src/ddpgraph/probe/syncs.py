@@ -1,0 +1,217 @@
+"""Finding host synchronisations, with the user's line that made each one.
+
+PyTorch's CUDA sync debug mode, set to "warn", raises a warning for every operation
+that makes the host wait for the GPU (`.item()`, printing a tensor, `.cpu()`,
+`nonzero`, `if tensor:`, `torch.cuda.synchronize()`), before the wait happens. Each
+warning's Python stack names the cause and the user's file and line.
+
+Two callers use it. `capture_step` runs one eager step under the probe before it
+captures: a synchronisation found there would fail the capture with an opaque
+"operation failed due to a previous error during capture", and finding it eagerly costs
+one step. `ddpgraph doctor` keeps the probe on while a user's script is capturing, so
+the synchronisation that broke a capture is named even when CUDA's error is not.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import threading
+import traceback
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from ..findings import Code, Finding, Location
+from .code_origin import TORCH_DIR as _TORCH_DIR
+from .code_origin import LibraryCall, is_installed_library, is_platform, library_call, under
+from .library_settings import known_setting
+
+_SYNC_WARNING = "synchronizing CUDA operation"
+_DDP_FILE = os.path.join("nn", "parallel", "distributed.py")
+_SCALER_FILES = ("grad_scaler.py",)
+
+
+@dataclass
+class SyncEvent:
+    stack: list[traceback.FrameSummary]
+    # The fix a known setting of the library that synchronised offers (`library_settings`).
+    setting: str | None = None
+
+
+@dataclass
+class ProbeResult:
+    events: list[SyncEvent] = field(default_factory=list)
+
+    def findings(self, *, during_capture: bool = False, defer_library: bool = False) -> list[Finding]:
+        """One finding per cause and place; `during_capture` as in `classify`.
+
+        `defer_library` leaves out host synchronisations made inside an installed library
+        (see `deferred`): libraries test whether a CUDA graph is being recorded and skip
+        such checks while it is (transformers' mask building does), so only a capture
+        can tell whether they break it, and a failed capture is diagnosed from the
+        synchronisations recorded during it."""
+        found: dict[tuple[Code, Location | None], Finding] = {}
+        for event in self.events:
+            finding = classify(event.stack, during_capture=during_capture, setting=event.setting)
+            if finding is None or (defer_library and self._in_library(event, finding)):
+                continue
+            found.setdefault((finding.code, finding.location), finding)
+        return list(found.values())
+
+    def deferred(self) -> list[Finding]:
+        """The findings `findings(defer_library=True)` leaves out, for the log."""
+        return [
+            f
+            for e in self.events
+            if (f := classify(e.stack, setting=e.setting)) is not None and self._in_library(e, f)
+        ]
+
+    @staticmethod
+    def _in_library(event: SyncEvent, finding: Finding) -> bool:
+        # The innermost frame that is neither torch, ddpgraph nor generated code decides:
+        # a library's, also when no user frame called it (the step is ddpgraph's own, as
+        # in `ddpgraph bench`, or a framework's).
+        if finding.code is not Code.HOST_SYNC_IN_CAPTURE:
+            return False
+        own = _code_frames(event.stack)
+        return bool(own) and is_installed_library(own[-1].filename)
+
+
+@contextmanager
+def host_sync_probe(enabled: bool = True) -> Iterator[ProbeResult]:
+    """Collect the host synchronisations this thread makes inside the block (on CUDA only).
+
+    Other warnings raised inside the block are shown as usual; the sync warnings the
+    probe itself causes are not. Sync debug mode and the warning hook are the process's:
+    another thread's synchronisations (a user's thread that synchronises, a DataLoader's)
+    warn too, but are not the step's, and are left out.
+    """
+    result = ProbeResult()
+    if not enabled or not torch.cuda.is_available():
+        yield result
+        return
+    previous_mode = torch.cuda.get_sync_debug_mode()
+    owner = threading.get_ident()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        shown = warnings.showwarning
+
+        def record(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+            if _SYNC_WARNING in str(message):
+                if threading.get_ident() == owner:
+                    result.events.append(SyncEvent(traceback.extract_stack()[:-1], known_setting(sys._getframe(1))))
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield result
+        finally:
+            torch.cuda.set_sync_debug_mode(previous_mode)
+
+
+def _code_frames(stack: Sequence[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """The frames of the user's code or of a library: neither torch, ddpgraph, the
+    standard library nor generated code (`<...>`)."""
+    return [f for f in stack if not f.filename.startswith("<") and not is_platform(f.filename)]
+
+
+def user_frame(stack: Sequence[traceback.FrameSummary]) -> traceback.FrameSummary | None:
+    """The innermost frame of the user's own code.
+
+    Frames in torch, ddpgraph, the standard library and generated code (`<...>`) never
+    count; third-party packages count only when no frame outside them does, so a
+    script that calls into a training library is pointed at its own line.
+    """
+    candidates = _code_frames(stack)
+    for frame in reversed(candidates):
+        if not is_installed_library(frame.filename):
+            return frame
+    return candidates[-1] if candidates else None
+
+
+def location_of(frame: traceback.FrameSummary | None) -> Location | None:
+    if frame is None or frame.lineno is None:
+        return None
+    source = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
+    return Location(frame.filename, frame.lineno, source)
+
+
+def user_location(stack: Sequence[traceback.FrameSummary] | None = None) -> Location | None:
+    """The user's file and line in `stack`, or in the caller's stack when None."""
+    return location_of(user_frame(traceback.extract_stack() if stack is None else stack))
+
+
+def classify(
+    stack: Sequence[traceback.FrameSummary], *, during_capture: bool = False, setting: str | None = None
+) -> Finding | None:
+    """Name the cause of one host synchronisation from the Python stack that made it.
+
+    A synchronisation inside DDP's forward is the reducer sampling its runtime
+    statistics. In an eager step that is harmless (the warm-up policy keeps capture off
+    those iterations), so it gives no finding; `during_capture` means the step was
+    being recorded, where it means the capture came too early.
+    """
+    files = [os.path.abspath(f.filename) for f in stack]
+    where = location_of(user_frame(stack))
+    if any(os.path.basename(f) in _SCALER_FILES and under(f, (_TORCH_DIR,)) for f in files):
+        return Finding(
+            Code.GRAD_SCALER_IN_CAPTURE,
+            "torch.amp.GradScaler reads its found-inf flag on the host in `step`/`update`",
+            location=where,
+        )
+    innermost_torch = next((f for f in reversed(files) if under(f, (_TORCH_DIR,))), None)
+    if innermost_torch is not None and os.sep + "optim" + os.sep in innermost_torch:
+        return Finding(
+            Code.OPTIMIZER_NOT_CAPTURABLE,
+            "the optimizer's step reads a value on the host",
+            location=where,
+        )
+    if innermost_torch is not None and innermost_torch.endswith(_DDP_FILE):
+        if not during_capture:
+            return None
+        return Finding(
+            Code.WARMUP_TOO_SHORT,
+            "DDP's forward synchronised with the host while the step was being recorded: "
+            "its reducer was rebuilding buckets or sampling runtime statistics on this "
+            "iteration",
+            location=where,
+        )
+    return host_sync_finding(stack, setting)
+
+
+# What to do about a synchronisation inside a library when no setting of it is known to avoid it.
+LIBRARY_SYNC_FIX = (
+    "this needs no edit of {package}: use `ddpgraph.make_step(..., strategy=\"partial\")`, "
+    "which graphs the submodules that can be and runs the rest eagerly, or "
+    "`strategy=\"auto\"` to let ddpgraph measure and choose"
+)
+
+
+def host_sync_finding(stack: Sequence[traceback.FrameSummary], setting: str | None = None) -> Finding:
+    """HOST_SYNC_IN_CAPTURE for a synchronisation made with `stack`: at the user's line;
+    when the operation that waited is inside an installed library, the chain from the
+    user's line to the library's, and a fix that needs no edit of the library."""
+    user = user_frame(stack)
+    where = location_of(user)
+    call = library_call(stack, user)
+    if call is None:
+        what = f"`{where.source}` waits for the GPU" if where and where.source else "an operation waits for the GPU"
+        return Finding(Code.HOST_SYNC_IN_CAPTURE, what, setting or "", location=where)
+    return Finding(
+        Code.HOST_SYNC_IN_CAPTURE,
+        _chain(where, call),
+        setting or LIBRARY_SYNC_FIX.format(package=call.package),
+        location=where,
+    )
+
+
+def _chain(where: Location | None, call: LibraryCall) -> str:
+    start = f"`{where.source}` ({os.path.basename(where.filename)}:{where.lineno})" if where else "the step"
+    return f"{start} calls into {call.package}, where {call.describe()} waits for the GPU"

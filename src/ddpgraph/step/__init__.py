@@ -1,0 +1,1 @@
+"""The captured training step: its policy and the guards it checks before each replay."""

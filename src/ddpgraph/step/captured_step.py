@@ -1,0 +1,364 @@
+"""`CapturedStep`: the training step `capture_step` builds.
+
+It is the capture engine (`engine`: states, the one decision point, the
+transitions; its docstring states the invariant) plus the training step's policy: the
+DDP warm-up arithmetic, the probe step's checks, what a failed capture puts back, and
+the guards consulted before each replay. The guards only report:
+
+* `param_guard`: parameter storage or `requires_grad` changed (re-capture);
+* `step_optimizers`: hyper-parameters, param groups, state replaced or loaded with
+  another structure (re-capture, or eager steps for a Python hyper-parameter);
+* the call's signature and the model's train/eval mode (that call runs eagerly, a
+  local choice that pairs with the peers' replays; under `on_input_change="raise"` a
+  report, raised on every rank at the next decision point).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any, TypeVar
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim import Optimizer
+
+from ..agreement.agree import Action, Outcome
+from ..backends.choice import choose_backend, needs_adoption
+from ..backends.graph import CudaGraphBackend
+from ..backends.rng import generators_refusal
+from ..cycle.step_record import Captured, Report, StepState, has_peers
+from ..ddp import build as ddp_tools
+from ..ddp.adopt import apply_adoption
+from ..ddp.distributed import current_rank
+from ..ddp.warmup import (
+    checked_warmup,
+    default_warmup_steps,
+    step_is_capturable,
+    steps_until_capturable,
+)
+from ..errors import DdpGraphUsageError
+from ..findings import Code, Finding
+from ..inputs.arguments import leaf_paths, stage_leaves, unflatten_call
+from ..optimizer.step_optimizers import StepOptimizers
+from ..optimizer.wrappers import unwrap_optimizers
+from ..options import CaptureOptions, as_optimizers
+from ..probe.probe_checks import ProbeWatch
+from ..probe.syncs import host_sync_probe
+from ..watchdog.watch import ReplayWatchdog, watch_replays
+from .call_guard import unservable
+from .checked_calls import CheckedCalls
+from .param_guard import ParamLayout
+from .parity import ParityRun
+from .same_path import eager_code_paths, report_capture_branch
+from .snapshot import Restorable, failed_capture_undo
+
+__all__ = ["NON_DDP_WARMUP_STEPS", "CapturedStep"]
+
+log = logging.getLogger("ddpgraph")
+R = TypeVar("R")
+
+# Warm-up steps for a model without DDP: enough for lazy initialisation (cuDNN
+# autotuning, optimizer state) to happen outside the capture.
+NON_DDP_WARMUP_STEPS = 3
+
+
+class CapturedStep(CheckedCalls[R]):
+    """A training step that warms up eagerly, is captured once, then replays.
+
+    Call it like the function it wraps. Build it with `capture_step`.
+    """
+
+    def __init__(
+        self, fn: Callable[..., R], *, model: nn.Module, optimizers: Optimizer | Sequence[Optimizer] | None, options: CaptureOptions
+    ) -> None:
+        super().__init__(fn, model, options, shared=has_peers(model))
+        self._optim = StepOptimizers([], self._device)
+        self._generators = list(options.generators)
+        self._restorables: list[Restorable] = [options.scaler] if options.scaler is not None else []
+        self._counter = ddp_tools.forward_counter(model)
+        self._probed = False
+        self._per_step = 1
+        self._gate_open = True
+        self._layout: ParamLayout | None = None
+        self._hooks: list[Any] = []
+        self._capture_after = 0
+        self._setup_refusal: Finding | None = None
+        self._library_syncs: list[Finding] = []
+        self._watchdog: ReplayWatchdog | None = None
+        self._watch_values(fn)
+        # Everything that can be wrong on one rank only is found before the agreement,
+        # and nothing is changed before it: a usage error makes every rank raise.
+        usage = refusal = wrapper_refusal = None
+        try:
+            options.check()
+            # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
+            inner, wrapper_refusal = unwrap_optimizers(as_optimizers(optimizers))
+            self._optim = StepOptimizers(inner, self._device)
+            self._capture_after = checked_warmup(isinstance(model, DDP), self._counter, options.warmup_steps, NON_DDP_WARMUP_STEPS)
+            self._backend, self._stream, refusal = choose_backend(model, self._device, options.backend, options.stream)
+            if refusal is None and self._backend is not None:
+                refusal = generators_refusal(self._generators, self._device, isinstance(self._backend, CudaGraphBackend))
+            python_replays = self._backend is None or self._backend.executes_during_capture
+            refusal = refusal or wrapper_refusal or self._optim.refusal(python_replays=python_replays)
+        except DdpGraphUsageError as err:
+            usage = err.finding
+        found = [f for f in (usage, refusal) if f is not None]
+        decision = self._decide(
+            Outcome(current_rank(), not found, found, usage_error=usage is not None, warmup_steps=self._capture_after)
+        )
+        if decision.usage_error:
+            self._state = StepState.CLOSED
+            raise DdpGraphUsageError(self._summarise(decision))
+        if not decision.ok:
+            summary = self._summarise(decision)
+            self._give_up(summary, warn=summary.code is not Code.NO_CUDA)
+        else:
+            self._capture_after = max(o.warmup_steps for o in decision.outcomes)
+            # Adoption rebuilds DDP's reducer on the capture stream, which every rank now
+            # does (none refused above); whether it took (an accumulator an earlier step's
+            # graph still holds stays on its old stream) is agreed on at once, so that a
+            # refused adoption runs every step eagerly from the first.
+            # (Agreed on every rank, adopting or not: whether a rank adopts is its own.)
+            adopted = None
+            if needs_adoption(model, self._stream):
+                adopted = apply_adoption(model, self._stream)  # type: ignore[arg-type]
+                # The rebuilt reducer starts again from iteration 0: it needs the whole
+                # warm-up of a fresh DDP model, whatever ran before.
+                self._capture_after = max(self._capture_after, default_warmup_steps(0))
+            took = [adopted] if adopted else []
+            outcome = self._decide(Outcome(current_rank(), not took, took, warmup_steps=self._capture_after))
+            if not outcome.ok:
+                self._give_up(self._summarise(outcome))
+            self._capture_after = max(o.warmup_steps for o in outcome.outcomes)
+            self._setup_refusal = self._optim.prepare()
+        self._install_load_hooks()
+        # Last: it registers `close` to run at interpreter exit, before the process group goes.
+        self._watchdog = watch_replays(
+            options.replay_timeout, options.on_replay_timeout, step_name=getattr(fn, "__qualname__", "step"),
+            group=ddp_tools.process_group_of(model), device=self._device, close=self.close,
+        )
+        self._peers = self._watchdog.board.describe_others
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        if self._watchdog is not None:
+            self._watchdog.check()  # raises on every call after a replay timed out
+            self._watchdog.calls = self.stats.calls + 1
+        return super().__call__(*args, **kwargs)
+
+    def hold(self) -> None:
+        """Keep warming up without probing or capturing until `release` (the compile
+        strategy settles torch.compile first)."""
+        self._gate_open = False
+
+    def release(self, warmup_steps: int) -> None:
+        """Probe after `warmup_steps` more eager calls, then capture."""
+        self._gate_open = True
+        self._capture_after = self.stats.warmup_steps + max(1, warmup_steps)
+
+    # ----------------------------------------------------------------- warm-up and capture
+    def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+        if self.stats.warmup_steps == 0:
+            self._agree_arguments(args, kwargs)
+        due = self._gate_open and self.stats.warmup_steps + 1 >= self._capture_after
+        if due and self._probed:
+            return self._capture_call(args, kwargs, leaves, spec)
+        if due and self._backend is not None:
+            return self._probe(args, kwargs, leaves, spec)
+        self._watch_warmup(args, kwargs, leaves, spec, held=not self._gate_open, capture_after=self._capture_after)
+        self.stats.warmup_steps += 1
+        return self._eager(leaves, spec)
+
+    def _probe(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+        """The last warm-up step, watched: host syncs, hyper-parameters it changes, its
+        writes into arguments, optimizers it steps that were not passed."""
+        before = self._counter.count if self._counter else 0
+        hyper = self._optim.hyperparameters()
+        staged = stage_leaves(leaves, self._device)
+        call = (args, kwargs) if staged is leaves else unflatten_call(staged, spec)
+        self._given = (*call, staged)  # the containers the watch sees are the step's
+        watch = ProbeWatch(self._fn, call, self._optim.optimizers)
+        self._values.arm(leaves, spec, leaf_paths(args, kwargs), probe=True)
+        with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe, watch.watching():
+            out = self._eager(staged, spec)
+        self.stats.warmup_steps += 1
+        self._probed = True
+        # A hyper-parameter the step changed comes first: a scheduler stepped inside the
+        # step also synchronises reading the mirrored tensors, and moving it is the fix.
+        # A synchronisation inside a library is left to the capture to judge: libraries
+        # that test for a capture skip it there (see `ProbeResult.findings`).
+        accumulates = [self._grad_sync.finding] if self._grad_sync.finding else []  # this call or an earlier one
+        findings = (
+            accumulates + self._optim.changed_by_step(hyper) + probe.findings(defer_library=True) + watch.findings()
+            + self._values.probe_findings()
+        )
+        self._library_syncs = probe.deferred()
+        if self._library_syncs:
+            log.info("a library synchronised in the probe step; the capture will tell: %s", self._library_syncs[0].format())
+        if self._setup_refusal is not None:
+            findings.insert(0, self._setup_refusal)
+        forwards = self._counter.count if self._counter else 0
+        decision = self._decide(self._outcome(findings, forwards=forwards, forwards_per_step=forwards - before))
+        if not decision.ok:
+            self._give_up(self._summarise(decision))
+            return out
+        self._per_step = max(o.forwards_per_step for o in decision.outcomes)
+        extra = steps_until_capturable([o.forwards for o in decision.outcomes], self._per_step)
+        self._capture_after = self.stats.warmup_steps + extra + 1
+        return out
+
+    def _capture_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+        # Forwards run since the probe (an extra one with grad, or a no_grad eval just
+        # before, which makes DDP skip its buffer broadcast) can make this call
+        # uncapturable: checked here, on every rank, and agreed on.
+        forwards = self._counter.count if self._counter else 0
+        decision = self._decide(Outcome(current_rank(), self._recordable_now(), forwards=forwards))
+        if not decision.ok:
+            extra = steps_until_capturable([o.forwards for o in decision.outcomes], self._per_step)
+            self._capture_after = self.stats.warmup_steps + max(1, extra) + 1
+            self.stats.warmup_steps += 1
+            return self._eager(leaves, spec)
+        self._optim.prepare()  # a param group added during warm-up gets its tensor lr
+        self._grad_sync.before_call()
+        return self._record_call(args, kwargs, leaves, spec)
+
+    def _recordable_now(self) -> bool:
+        forwards = self._counter.count if self._counter else 0
+        return not ddp_tools.buffer_sync_skipped(self._model) and (
+            self._counter is None or step_is_capturable(forwards, self._per_step)
+        )
+
+    def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        return failed_capture_undo([self._model], self._optim.optimizers, self._restorables, self._generators)
+
+    def _policy_captured(self) -> None:
+        self._optim.remember()
+        self._layout = ParamLayout(self._model)
+        super()._policy_captured()
+        report_capture_branch(self._library_syncs, current_rank())
+
+    def _policy_explain(self, finding: Finding) -> Finding:
+        # A capture that failed with no cause of its own, after a library synchronised in
+        # the probe step: that synchronisation is the evidence (CUDA stops the sync before
+        # it can be seen while recording). Not once a graph of this step recorded: the
+        # library's capture-time branch has then been shown to record.
+        if finding.code is Code.CAPTURE_FAILED and self._library_syncs and self._record is None:
+            return self._library_syncs[0]
+        return finding
+
+    def _policy_running(self, phase: str) -> AbstractContextManager[Any]:
+        # The graph-safe mode is installed outside a CUDA capture (filling the mirrors
+        # must not be recorded) and inside a stand-in's recording, which its replays rerun.
+        stand_in = self._backend is not None and self._backend.executes_during_capture
+        stack = ExitStack()
+        if phase == "record" and not self._library_syncs:
+            # The probe step's code path had no host sync, so the recording may take it
+            # (`same_path`); one a library made there is left to that library's own
+            # capture-safe path, which is what lets its step be captured at all.
+            stack.enter_context(eager_code_paths())
+        active = phase == "eager" or (phase == "record") == stand_in
+        stack.enter_context(self._optim.running(read_back=self._state is not StepState.CAPTURED and phase == "eager", active=active))
+        return stack
+
+    def _policy_first_replay(self, record: Captured, leaves: list[Any], spec: Any) -> R:
+        """With `parity`, the capturing call's step runs once eagerly and once replayed
+        from the same state (`parity.ParityRun`); a difference on any rank is agreed on
+        and answered by `on_failure` on every rank, with the eager step's state put back."""
+        parity = self._options.parity_check
+        if parity is None:
+            return self._replay(record, leaves)
+        makers = [r.snapshot for r in self._restorables]
+        branch = self._library_syncs[0] if self._library_syncs else None
+        check = ParityRun(parity, self._model, self._optim.optimizers, self._generators, makers, branch)
+        out = check.run(lambda: self._eager(leaves, spec), lambda: self._replay(record, leaves))
+        decision = self._decide(self._outcome([check.finding] if check.finding else []))
+        if decision.ok:
+            check.release()
+            return out
+        check.undo()
+        self._optim.forget()
+        self._give_up(self._summarise(decision))
+        self.stats.eager_steps += 1
+        return self._eager(leaves, spec)
+
+    # ----------------------------------------------------------------- captured
+    def _policy_check(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
+        assert self._layout is not None
+        unsynced = self._grad_sync.entered_unsynced(self.stats.calls)
+        report = (
+            Report(unsynced, Action.EAGER) if unsynced
+            else self._values.take_report() or self._layout.check() or self._optim.check(self._options.on_failure)
+        )
+        if report is None and self._options.on_input_change == "raise":
+            changed = unservable(record, self._model, args, kwargs, leaves, spec)
+            if changed is not None:
+                report = Report(changed, Action.RAISE)
+        return report
+
+    def _policy_unserved(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
+        changed = unservable(record, self._model, args, kwargs, leaves, spec)
+        if changed is not None:
+            self._unserved.seen(changed)
+            if not self._family.expects_unserved():  # a family warms up new signatures
+                    self._unserved.admit(changed, "This step runs eagerly, and so will later calls that the graph cannot serve")
+            self.stats.input_changes += 1
+            return True
+        # The first step after an eval forward: eager DDP skips its buffer broadcast
+        # there, the graph would not. Expected, so counted but not warned about. Or a
+        # check call (`value_checks`).
+        return ddp_tools.will_sync_buffers(self._model) is not record.buffer_sync or self._check_instead(leaves, spec)
+
+    def _policy_after_replay(self, record: Captured) -> None:
+        # A replay runs no Python. DDP's forward leaves this flag set, and it decides
+        # whether the next forward broadcasts buffers; an eval forward in between clears
+        # it, which would make that eval skip the broadcast eager training does. (Read
+        # first: a plain attribute read, where nn.Module's __setattr__ is slow.)
+        if isinstance(self._model, DDP) and self._model.require_forward_param_sync is not record.forward_sync:
+            self._model.require_forward_param_sync = record.forward_sync
+        if self._watchdog is not None:
+            self._watchdog.after_replay()
+
+    def _policy_recapture(self) -> None:
+        super()._policy_recapture()
+        self._optim.forget()
+        self._layout = None
+        self._probed = False
+        self._grad_sync.reset()
+        self._capture_after = self.stats.warmup_steps + 1
+        self._setup_refusal = self._optim.prepare()
+
+    def _policy_close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.close()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self._optim.close()
+
+    # ----------------------------------------------------------------- checkpoints
+    def _install_load_hooks(self) -> None:
+        for opt in self._optim.optimizers:
+            if hasattr(opt, "register_load_state_dict_post_hook"):
+                self._hooks.append(opt.register_load_state_dict_post_hook(self._after_optimizer_load))
+        inner = ddp_tools.inner_module(self._model)
+        self._hooks.append(inner.register_load_state_dict_post_hook(self._after_model_load))
+
+    def _after_optimizer_load(self, optimizer: Optimizer) -> None:
+        """Keep the graph's storage: copy loaded values into the captured tensors; a load
+        that cannot be copied is reported, and re-captured once the ranks agree."""
+        if self._state is StepState.CAPTURED:
+            report = self._optim.after_load(optimizer)
+            if report is not None:
+                self.report(report)
+        elif self._backend is not None:
+            # Warming up, or eager after a fallback (whose steps run in the graph-safe
+            # mode too): the mirrors follow the optimizer as loaded.
+            self._optim.forget()
+            self._setup_refusal = self._optim.prepare()
+
+    def _after_model_load(self, module: nn.Module, incompatible: Any) -> None:
+        if self._state is StepState.CAPTURED and self._layout is not None:
+            report = self._layout.replaced(self._model)
+            if report is not None:
+                self.report(report)

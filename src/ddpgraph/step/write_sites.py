@@ -1,0 +1,106 @@
+"""Where in the step's own source an argument is written, for the finding that says so.
+
+The probe step sees that an argument changed (its container got a new entry, a tensor's
+values moved without its version counter: `count.data.add_(1)`) but not which line did
+it: a dict's `__setitem__` and a write through `.data` leave no trace at run time. After
+the fact, the step function's source is searched for the statement that writes the
+argument by its parameter name; where none is found (the write is in a helper the step
+calls), the step function's own first line is named.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import linecache
+import re
+import textwrap
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..findings import Location
+
+# Methods that change a list or dict in place.
+_MUTATORS = frozenset(
+    {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "popitem", "sort", "reverse", "__setitem__"}
+)
+_TOP = re.compile(r"^(args|kwargs)\[(\d+|'[^']*')\]")
+
+
+def parameter_name(fn: Callable[..., Any], path: str) -> str | None:
+    """The parameter of `fn` that receives the argument at `path` (`args[2]['x']`: the
+    third positional parameter; `kwargs['batch'][0]`: `batch`)."""
+    match = _TOP.match(path)
+    if match is None:
+        return None
+    root, index = match.groups()
+    if root == "kwargs":
+        return index.strip("'")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    i = int(index)
+    if i < len(positional):
+        return positional[i].name
+    varargs = [p for p in params if p.kind is p.VAR_POSITIONAL]
+    return varargs[0].name if varargs else None
+
+
+def write_site(fn: Callable[..., Any], name: str | None, *, through_data: bool) -> Location | None:
+    """The first line of `fn` that writes parameter `name`: into its container
+    (`name[k] = v`, `del name[k]`, `name.append(v)`, ...), or, with `through_data`, its
+    values through `.data` (`name.data.add_(1)`, `name.data[0] = v`). The line where `fn`
+    starts when no such line is found; None without a source."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is None:
+        return None
+    start = Location(code.co_filename, code.co_firstlineno, linecache.getline(code.co_filename, code.co_firstlineno).strip())
+    if name is None:
+        return start
+    try:
+        lines, first = inspect.getsourcelines(inspect.unwrap(fn))
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return start
+    for node in _writes(tree, name, through_data):
+        lineno = first + node.lineno - 1
+        return Location(code.co_filename, lineno, linecache.getline(code.co_filename, lineno).strip())
+    return start
+
+
+def _writes(tree: ast.AST, name: str, through_data: bool) -> Iterator[ast.stmt | ast.expr]:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            if any(_written_target(t, name, through_data) for t in targets):
+                yield node
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method, owner = node.func.attr, node.func.value
+            if _rooted_at(owner, name) and (
+                (through_data and method.endswith("_") and _through_data(owner)) or (not through_data and method in _MUTATORS)
+            ):
+                yield node
+
+
+def _written_target(target: ast.expr, name: str, through_data: bool) -> bool:
+    if through_data:
+        return isinstance(target, (ast.Subscript, ast.Attribute)) and _rooted_at(target, name) and _through_data(target)
+    return isinstance(target, ast.Subscript) and _rooted_at(target, name) and not _through_data(target)
+
+
+def _chain(node: ast.expr) -> Iterator[ast.expr]:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        yield node
+        node = node.func if isinstance(node, ast.Call) else node.value
+    yield node
+
+
+def _rooted_at(node: ast.expr, name: str) -> bool:
+    *_, root = _chain(node)
+    return isinstance(root, ast.Name) and root.id == name
+
+
+def _through_data(node: ast.expr) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "data" for n in _chain(node))
