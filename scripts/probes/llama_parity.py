@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ddpgraph
-from ddpgraph import GraphSafeOptimizers
+from ddpgraph.safe_optimizers import GraphSafeOptimizers
 from ddpgraph.streams import capture_stream, on_stream
 
 BATCH, SEQ = 8, 256

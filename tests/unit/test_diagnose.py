@@ -8,7 +8,7 @@ import traceback
 
 import torch
 
-from ddpgraph import Code, Finding, Location
+from ddpgraph import Code, Finding
 from ddpgraph.backends import CaptureError
 from ddpgraph.diagnose import (
     STREAM_WARNING,
@@ -17,6 +17,7 @@ from ddpgraph.diagnose import (
     finding_from_capture_error,
     finding_from_error,
 )
+from ddpgraph.findings import Location
 from ddpgraph.probe import SyncEvent
 
 TORCH = os.path.dirname(torch.__file__)

@@ -44,12 +44,11 @@ from ..app.console import console
 from ..app.launch import run_under_torchrun
 from ..distributed import init_distributed, launched_by_torchrun, shutdown
 from ..errors import DdpGraphUsageError, usage_error
-from ..strategies.names import current_names
 from .compare import fill_speedups, summary
 from .measure import Settings
 from .plot import plot_formats, plot_speedups
 from .presets import PRESETS
-from .registry import registered, rename_notes, select
+from .registry import registered, select
 from .schema import Report, StrategyResult
 from .stats import default_window
 from .strategies import RECIPE_WARMUP_ITERATIONS
@@ -190,9 +189,6 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         setup = describe_setup(info, plan, argv)
         if info.is_main and plan.note:
             output_console().print(plan.note)
-        if info.is_main:
-            for line in rename_notes(strategy_names(args.strategies)):
-                print(line, file=sys.stderr)
 
         def save(results: list[StrategyResult]) -> None:
             if args.json_path:
@@ -240,7 +236,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     on_cuda = torch.cuda.is_available() and not args.cpu
     cpu_defaults = args.model is None and not on_cuda
     names = strategy_names(args.strategies)
-    varlen = parse_varlen(args.seq_lens, args.buckets, None if names is None else current_names(names))
+    varlen = parse_varlen(args.seq_lens, args.buckets, names)
     if varlen is not None:
         return varlen_plan_from(args, varlen, settings_from(args), on_cuda)
     if cpu_defaults:

@@ -1,6 +1,8 @@
 """PyTorch Lightning: capture the whole `optimizer_step` of a `Trainer(strategy="ddp")` run.
 
-    trainer = L.Trainer(strategy="ddp", callbacks=[ddpgraph.lightning.CUDAGraphCallback()])
+    from ddpgraph.integrations.lightning import CUDAGraphCallback
+
+    trainer = L.Trainer(strategy="ddp", callbacks=[CUDAGraphCallback()])
 
 In automatic optimization Lightning calls `LightningModule.optimizer_step(epoch,
 batch_idx, optimizer, closure)` once per batch, and the closure runs `training_step`,
@@ -51,7 +53,7 @@ from ..findings import Code, Finding
 
 __all__ = ["CUDAGraphCallback", "lightning_refusal"]
 
-_SUBJECT = "`ddpgraph.lightning.CUDAGraphCallback`"
+_SUBJECT = "`ddpgraph.integrations.lightning.CUDAGraphCallback`"
 _CAPTURABLE_PRECISION = (Precision, MixedPrecision, HalfPrecision, DoublePrecision)
 
 

@@ -1,6 +1,8 @@
 """transformers: capture each optimizer update of `Trainer.train()` as one CUDA graph.
 
-    trainer = ddpgraph.transformers.CUDAGraphTrainer(model=model, args=args, train_dataset=data)
+    from ddpgraph.integrations.transformers import CUDAGraphTrainer
+
+    trainer = CUDAGraphTrainer(model=model, args=args, train_dataset=data)
     trainer.train()
     print(trainer.graphs.state, trainer.graphs.reason, trainer.graphs.stats)
 
@@ -49,9 +51,12 @@ from ..fallback import OnFailure, fall_back
 from ..options import CaptureOptions
 from ..strategies.base import Reason, TrainStep
 from ..strategies.dynamo import is_compiled_module, unwrap_compiled
+from .transformers_reference import GraphSafeReference
 from .transformers_setup import SUBJECT, trainer_refusal
 
-__all__ = ["CUDAGraphTrainer", "TrainerGraphs", "trainer_refusal"]
+# `GraphSafeReference`, the eager reference of a `CUDAGraphTrainer` run, is defined beside
+# it and imported from here with it: one import path for the integration.
+__all__ = ["CUDAGraphTrainer", "GraphSafeReference", "TrainerGraphs", "trainer_refusal"]
 
 Update = Callable[[dict[str, Any], Any], tuple[torch.Tensor, Any]]
 

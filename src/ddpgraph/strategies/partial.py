@@ -6,7 +6,9 @@ collective and no synchronisation can still be recorded, each as a forward graph
 backward graph (`torch.cuda.make_graphed_callables`). The step itself stays eager: DDP's
 gradient hooks, its all-reduces and the optimizer step run as usual, between graphs.
 
-    model = ddpgraph.graph_submodules(model, (sample_x,), amp_dtype=torch.bfloat16)
+    from ddpgraph.strategies.partial import graph_submodules
+
+    model = graph_submodules(model, (sample_x,), amp_dtype=torch.bfloat16)
     ddp = ddpgraph.prepare_ddp(model)
 
 `graph_submodules` runs one forward of the model on the sample arguments to learn what
@@ -296,7 +298,7 @@ def graph_submodules(
         raise usage_error(
             "`graph_submodules(model)`",
             "this model's submodules are already graphed",
-            "call `ddpgraph.ungraph_submodules(model)` first to graph it differently",
+            "call `ddpgraph.strategies.partial.ungraph_submodules(model)` first to graph it differently",
         )
     records = record_forward(root, sample_args, sample_kwargs or {}, amp_dtype)
     group = process_group_of(model)
