@@ -268,11 +268,10 @@ def strategy_names(text: str | None) -> list[str] | None:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-# Under the table of `--list-strategies`: what changed for a reader of older results.
-RENAMES_CAPTION = (
-    "The names are make_step's. Until results schema version 3 the benchmark called `whole` "
-    "`capture_step` and `compile` `capture_step+compile` (both still accepted), and `compile` "
-    "meant plain torch.compile(ddp), which is now `torch-compile`."
+# Under the table of `--list-strategies`: where the names come from.
+NAMES_CAPTION = (
+    "The names are make_step's (`make_step(strategy=...)`); `torch-compile` and `recipe` are "
+    "references make_step does not offer."
 )
 
 
@@ -301,7 +300,7 @@ def varlen_plan_from(args: argparse.Namespace, varlen: VarLen, settings: Setting
 
 def strategy_table() -> Table:
     table = Table(
-        title="ddpgraph bench strategies", title_justify="left", caption=RENAMES_CAPTION, caption_justify="left"
+        title="ddpgraph bench strategies", title_justify="left", caption=NAMES_CAPTION, caption_justify="left"
     )
     for header in ("name", "what it runs", "on CPU"):
         table.add_column(header)
