@@ -22,6 +22,7 @@ from ddpgraph.strategies import (
     EagerStep,
     TrialSettings,
     make_step,
+    partial,
 )
 from ddpgraph.strategies.evaluation import capture_eval
 from ddpgraph.strategies.partial import partial_report
@@ -178,7 +179,12 @@ def partial_agreement(info: DistInfo) -> dict[str, Any]:
         original = module.forward
         module.forward = lambda *a: original(*a)  # type: ignore[method-assign]
 
-    step = make_step(run.step, model=run.ddp, optimizer=run.opt, strategy="partial", grapher=grapher)
+    # The stand-in records submodules in place of CUDA graphs; the step reads it once built.
+    monkeypatch_grapher(grapher)
+    try:
+        step = make_step(run.step, model=run.ddp, optimizer=run.opt, strategy="partial")
+    finally:
+        monkeypatch_grapher(None)
     losses = run.train(step, batches)
     report = partial_report(run.ddp)
     assert report is not None
@@ -280,3 +286,7 @@ REGISTRY = {
 
 if __name__ == "__main__":
     harness.run(REGISTRY)
+
+
+def monkeypatch_grapher(grapher: Any) -> None:
+    partial._STAND_IN_GRAPHER = grapher

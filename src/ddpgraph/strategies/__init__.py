@@ -10,8 +10,6 @@ trains like eager. docs/strategies.md says when to use which; `names` holds the 
 which `ddpgraph bench` uses for its rows too.
 """
 
-# `capture_step(..., compile=True)` builds its step through the builder this registers.
-from . import compile_switch as compile_switch
 from .auto import AutoStep
 from .base import CaptureOptions, TrainStep
 from .compiled import CompiledStep

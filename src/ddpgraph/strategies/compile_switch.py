@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from torch import nn
 from torch.optim import Optimizer
 
-from ..compile_route import register_compiled
 from ..errors import usage_error
 from .base import CaptureOptions, R
 from .compiled import CompiledStep
@@ -47,5 +46,3 @@ def capture_compiled(
         )
     return CompiledStep(fn, model=model, optimizers=optimizers, spec=SPEC, options=options)
 
-
-register_compiled(capture_compiled)

@@ -235,7 +235,7 @@ class CompiledStep(StepBase[R]):
     def _new_core(self) -> CapturedStep[R]:
         """A captured step held in warm-up (it neither probes nor captures) until the
         settling is over and `release` says how much warm-up is still owed."""
-        core = CapturedStep(self._watched, model=self._target, optimizers=self._optimizers, options=self._options.resolved("make_step"))
+        core = CapturedStep(self._watched, model=self._target, optimizers=self._optimizers, options=self._options)
         core.hold()
         return core
 
