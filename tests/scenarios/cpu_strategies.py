@@ -250,6 +250,11 @@ def eval_between_steps(info: DistInfo) -> dict[str, Any]:
     return out
 
 
+def monkeypatch_grapher(grapher: Any) -> None:
+    """Install `grapher` in place of CUDA graphs of submodules (None: CUDA graphs again)."""
+    partial._STAND_IN_GRAPHER = grapher
+
+
 def strategies_equal_eager(info: DistInfo) -> dict[str, Any]:
     """Each strategy that runs on CPU (whole and compile with the stand-in backend,
     partial with the stand-in grapher) trains like eager with the same optimizer."""
@@ -260,11 +265,15 @@ def strategies_equal_eager(info: DistInfo) -> dict[str, Any]:
         ("eager", {}, False),
         ("whole", {"backend": harness.backend()}, True),
         ("compile", {"backend": harness.backend(), "compile_backend": "eager"}, True),
-        ("partial", {"grapher": lambda m, a: None}, False),
+        ("partial", {}, False),
     ):
         torch._dynamo.reset()
         run = _Setup()
-        step = make_step(run.step, model=run.ddp, optimizer=run.opt, strategy=name, **kw)  # type: ignore[arg-type]
+        monkeypatch_grapher((lambda m, a: None) if name == "partial" else None)
+        try:
+            step = make_step(run.step, model=run.ddp, optimizer=run.opt, strategy=name, **kw)  # type: ignore[arg-type]
+        finally:
+            monkeypatch_grapher(None)
         losses = run.train(step, batches)
         ref_losses, ref_params = refs[safe]
         out[name] = {
@@ -286,7 +295,3 @@ REGISTRY = {
 
 if __name__ == "__main__":
     harness.run(REGISTRY)
-
-
-def monkeypatch_grapher(grapher: Any) -> None:
-    partial._STAND_IN_GRAPHER = grapher
