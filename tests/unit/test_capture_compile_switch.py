@@ -84,7 +84,7 @@ def test_compile_must_be_a_bool(process_group: Any, value: Any) -> None:
 def test_the_other_arguments_are_checked_first(process_group: Any) -> None:
     ddp, _, fn = _setup()
     with pytest.raises(DdpGraphUsageError, match=r"capture_step\(optimizer=\.\.\.\)"):
-        ddpgraph.capture_step(fn, model=ddp, optimizer="adam", compile=True)  # type: ignore[call-overload]
+        ddpgraph.capture_step(fn, model=ddp, optimizer="adam", compile=True)  # type: ignore[arg-type]
 
 
 def test_capture_step_calls_the_compile_strategys_builder(monkeypatch: pytest.MonkeyPatch) -> None:
