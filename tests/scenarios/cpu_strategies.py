@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
+from ddpgraph import CaptureOptions
 from ddpgraph.distributed import DistInfo
 from ddpgraph.strategies import (
     AutoStep,
     Candidate,
-    CaptureOptions,
     EagerStep,
     TrialSettings,
     make_step,

@@ -11,7 +11,7 @@ which `ddpgraph bench` uses for its rows too.
 """
 
 from .auto import AutoStep
-from .base import CaptureOptions, TrainStep
+from .base import TrainStep
 from .compiled import CompiledStep
 from .dynamo import CompileSpec
 from .eager import EagerStep
@@ -28,7 +28,6 @@ __all__ = [
     "STRATEGY_NAMES",
     "AutoStep",
     "Candidate",
-    "CaptureOptions",
     "CompileSpec",
     "CompiledStep",
     "EagerStep",

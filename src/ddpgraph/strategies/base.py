@@ -19,7 +19,6 @@ from ..eager_call import run_eager_call
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
 from ..inputs import StaticInputs, flatten_call
-from ..options import CaptureOptions as CaptureOptions  # re-exported: the strategies take it
 from ..step_record import StepState, StepStats
 from .names import STRATEGY_NAMES as STRATEGY_NAMES  # re-exported: the strategies read them here
 from .names import StrategyName as StrategyName

@@ -17,7 +17,8 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..errors import usage_error
-from .base import CaptureOptions, R
+from ..options import CaptureOptions
+from .base import R
 from .compiled import CompiledStep
 from .dynamo import CompileSpec
 

@@ -50,9 +50,10 @@ from ..ddp import process_group_of
 from ..distributed import current_rank
 from ..errors import DdpGraphWarning, usage_error
 from ..findings import Code, Finding
+from ..options import CaptureOptions
 from ..step_record import Report
 from ..warmup import default_warmup_steps
-from .base import CaptureOptions, R, Reason, StepBase, like_static_inputs
+from .base import R, Reason, StepBase, like_static_inputs
 from .dynamo import (
     CompileSpec,
     InPlaceCompile,

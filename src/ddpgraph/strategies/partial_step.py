@@ -21,8 +21,9 @@ from ..capture import StepState
 from ..ddp import inner_module, process_group_of
 from ..errors import usage_error
 from ..findings import Code, Finding
+from ..options import CaptureOptions
 from ..streams import can_run_graphs
-from .base import CaptureOptions, R, StepBase, run_eager
+from .base import R, StepBase, run_eager
 from .partial import DEFAULT_TOLERANCE, graph_recorded, partial_report, stand_in_grapher
 from .partial_graphed import PartialGraphs, PartialReport
 from .partial_record import record_step

@@ -19,8 +19,9 @@ from torch import nn
 
 from .. import ddp as ddp_tools
 from ..findings import Code, Finding
+from ..options import CaptureOptions
 from ..streams import can_run_graphs
-from .base import CaptureOptions, R, StepBase, run_eager
+from .base import R, StepBase, run_eager
 from .dynamo import CompileSpec, InPlaceCompile
 
 SUMMARY = (
