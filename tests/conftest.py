@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import ddpgraph
+from ddpgraph.ddp.distributed import DistInfo
 from launcher import free_port
 
 # The group `process_group` made; any other initialised group was left by a test.
@@ -25,7 +26,7 @@ def _world() -> object:
 
 
 @pytest.fixture
-def process_group() -> ddpgraph.DistInfo:
+def process_group() -> DistInfo:
     """A one-process gloo default group (rank 0 of 1), shared by the tests that ask."""
     if not dist.is_initialized():
         # init_distributed fills in torchrun's variables when they are missing; they are
@@ -43,7 +44,7 @@ def process_group() -> ddpgraph.DistInfo:
             ddpgraph.init_distributed(force_cpu=True, timeout_s=60)
         _owned[:] = [_world()]
     assert dist.get_world_size() == 1
-    return ddpgraph.DistInfo(dist.get_rank(), 1, 0, torch.device("cpu"), "gloo")
+    return DistInfo(dist.get_rank(), 1, 0, torch.device("cpu"), "gloo")
 
 
 @pytest.fixture(autouse=True)

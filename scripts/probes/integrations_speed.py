@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpgraph
 from ddpgraph.app.models import GPTConfig, TinyGPT
-from ddpgraph.ddp.distributed import shutdown
+from ddpgraph.ddp.distributed import DistInfo, shutdown
 
 STEPS, TIMED, BATCH = 60, 40, 8
 Model = tuple[Callable[[], nn.Module], int, int]  # factory, vocabulary, sequence length
@@ -59,7 +59,7 @@ def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
 
-def _data(info: ddpgraph.DistInfo, model: Model) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _data(info: DistInfo, model: Model) -> list[tuple[torch.Tensor, torch.Tensor]]:
     _, vocab, length = model
     gen = torch.Generator().manual_seed(info.rank)
     seqs = [torch.randint(0, vocab, (BATCH, length + 1), generator=gen) for _ in range(STEPS)]
@@ -77,7 +77,7 @@ def _timed(run_step: Callable[[Any, Any], Any], data: list[Any]) -> float:
     return (time.perf_counter() - start) * 1000 / TIMED
 
 
-def plain(info: ddpgraph.DistInfo, model: Model, captured: bool) -> tuple[float, str]:
+def plain(info: DistInfo, model: Model, captured: bool) -> tuple[float, str]:
     torch.manual_seed(0)
     ddp = DDP(model[0]().to(info.device), device_ids=[info.device.index])
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4)
@@ -93,7 +93,7 @@ def plain(info: ddpgraph.DistInfo, model: Model, captured: bool) -> tuple[float,
     return _run(info, train_step, ddp, opt, captured, _data(info, model))
 
 
-def accelerate(info: ddpgraph.DistInfo, model: Model, captured: bool) -> tuple[float, str]:
+def accelerate(info: DistInfo, model: Model, captured: bool) -> tuple[float, str]:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -115,7 +115,7 @@ def accelerate(info: ddpgraph.DistInfo, model: Model, captured: bool) -> tuple[f
     return _run(info, train_step, net, opt, captured, _data(info, model))
 
 
-def _run(info: ddpgraph.DistInfo, train_step: Callable[..., Any], model: nn.Module, opt: Any,
+def _run(info: DistInfo, train_step: Callable[..., Any], model: nn.Module, opt: Any,
          captured: bool, data: list[Any]) -> tuple[float, str]:
     if not captured:
         ddpgraph.graph_safe_optimizer(getattr(opt, "optimizer", opt))
@@ -126,9 +126,11 @@ def _run(info: ddpgraph.DistInfo, train_step: Callable[..., Any], model: nn.Modu
     return ms, note
 
 
-def lightning(info: ddpgraph.DistInfo, model: Model, captured: bool) -> tuple[float, str]:
+def lightning(info: DistInfo, model: Model, captured: bool) -> tuple[float, str]:
     import lightning.pytorch as L
     from torch.utils.data import DataLoader
+
+    from ddpgraph.integrations.lightning import CUDAGraphCallback
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -160,7 +162,7 @@ def lightning(info: ddpgraph.DistInfo, model: Model, captured: bool) -> tuple[fl
 
     data = [(x.cpu(), y.cpu()) for x, y in _data(info, model)]
     loader = DataLoader(data, batch_size=None)
-    graphs = ddpgraph.lightning.CUDAGraphCallback()
+    graphs = CUDAGraphCallback()
     clock = Clock()
     trainer = L.Trainer(accelerator="gpu", devices=info.world_size, strategy="ddp", max_epochs=1,
                         precision="bf16-mixed", callbacks=[clock, *([graphs] if captured else [])],

@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ddpgraph
-from ddpgraph import GraphSafeOptimizers
 from ddpgraph.ddp.streams import capture_stream, on_stream
+from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
 
 BATCH, SEQ = 8, 256
 VARIANTS = ["baseline", "capture_check_kept", "sdpa=flash", "sdpa=efficient", "sdpa=math", "sdpa=cudnn", "eager_on_capture_stream", "deterministic"]

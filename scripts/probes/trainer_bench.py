@@ -1,7 +1,7 @@
 """`transformers.Trainer` three ways, side by side in one process: plain Trainer as
 written, plain Trainer with its optimizer in ddpgraph's graph-safe mode (the eager
-reference, `ddpgraph.transformers.GraphSafeReference`), and
-`ddpgraph.transformers.CUDAGraphTrainer`; on the hf-gpt2 and hf-llama bench presets.
+reference, `ddpgraph.integrations.transformers.GraphSafeReference`), and
+`ddpgraph.integrations.transformers.CUDAGraphTrainer`; on the hf-gpt2 and hf-llama bench presets.
 
     torchrun --standalone --nproc_per_node=1 scripts/probes/trainer_bench.py --json OUT.json
     torchrun --standalone --nproc_per_node=1 scripts/probes/trainer_bench.py --cpu --steps 16 --models tiny
@@ -35,7 +35,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 import ddpgraph
 from ddpgraph.bench.presets import hf_gpt2, hf_llama
 from ddpgraph.ddp.distributed import shutdown
-from ddpgraph.transformers import CUDAGraphTrainer, GraphSafeReference
+from ddpgraph.integrations.transformers import CUDAGraphTrainer, GraphSafeReference
 
 BATCH = 8
 TINY = {"tiny": lambda: hf_gpt2(seq_len=32, n_layer=2, n_embd=64, n_head=2, vocab_size=256, bos_token_id=0, eos_token_id=0)}

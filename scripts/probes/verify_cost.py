@@ -36,6 +36,7 @@ from ddpgraph.app.reference_step import StepOptions, make_train_step
 from ddpgraph.backends.recording import RecordingBackend
 from ddpgraph.bench.presets import PRESETS, preset_workload
 from ddpgraph.frozen.python_values import ValueWatch, watching
+from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -76,7 +77,7 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
 
     # Eager, plain and watched, alternated.
     ddp, opt, fn = _setup(work, device)
-    safe = ddpgraph.GraphSafeOptimizers([opt], device)
+    safe = GraphSafeOptimizers([opt], device)
     assert safe.prepare() is None
     plain, watched, calls = [], [], 0
 

@@ -1,4 +1,4 @@
-"""`ddpgraph.lightning.CUDAGraphCallback` in a real Lightning `Trainer(strategy="ddp")`
+"""`ddpgraph.integrations.lightning.CUDAGraphCallback` in a real Lightning `Trainer(strategy="ddp")`
 on 2 gloo processes (tests/scenarios/lightning_train.py), with the stand-in backend.
 
 Captured runs must equal the same runs without the callback bit for bit: per-step

@@ -1,4 +1,4 @@
-"""`ddpgraph.transformers.CUDAGraphTrainer` in a real `transformers.Trainer` run on gloo
+"""`ddpgraph.integrations.transformers.CUDAGraphTrainer` in a real `transformers.Trainer` run on gloo
 CPU processes (`use_cpu=True`), with the recording backend: replays run no Python, so
 Trainer's loop around them (scheduler, logging, evaluation, checkpoints) must work from
 what the graph leaves (tests/scenarios/trainer_train.py).

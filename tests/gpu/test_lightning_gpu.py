@@ -1,4 +1,4 @@
-"""`ddpgraph.lightning.CUDAGraphCallback` with CUDA graphs: a Lightning
+"""`ddpgraph.integrations.lightning.CUDAGraphCallback` with CUDA graphs: a Lightning
 `Trainer(accelerator="gpu", strategy="ddp")`, one process per GPU (world size 1 works),
 against the same run without the callback (tests/scenarios/lightning_train.py)."""
 

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
-from ddpgraph import GraphSafeOptimizers, StepState
+from ddpgraph import StepState
+from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda", 0)

@@ -32,8 +32,8 @@ from torch.optim import Optimizer
 from torch.optim import lr_scheduler as lrs
 
 import ddpgraph
-from ddpgraph import GraphSafeOptimizers
 from ddpgraph.optimizer.kernel_support import kernel_support
+from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
 from own_update_check import CYCLE, params, same_steps
 
 pytestmark = pytest.mark.gpu

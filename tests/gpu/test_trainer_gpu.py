@@ -1,4 +1,4 @@
-"""`ddpgraph.transformers.CUDAGraphTrainer` with CUDA graphs: a `transformers.Trainer`
+"""`ddpgraph.integrations.transformers.CUDAGraphTrainer` with CUDA graphs: a `transformers.Trainer`
 run (GPT-2 from a config, bf16 or fp32, cosine or linear schedule with warm-up,
 clipping, logging, evaluation, checkpoints, `torch_compile`), one process per GPU (at
 world size 1 Trainer still trains a DDP model under torchrun), against the same run

@@ -17,6 +17,7 @@ import torch
 from cpu_core import _eager_reference, _setup, _step_fn, _summary
 
 import ddpgraph
+from ddpgraph.backends.graph import CaptureError, GraphBackend
 from ddpgraph.ddp.distributed import DistInfo
 
 SIZES = (8, 5, 3)
@@ -29,7 +30,7 @@ def _batches(info: DistInfo, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(s, 16, generator=gen), torch.randint(0, 4, (s,), generator=gen)) for s in sizes]
 
 
-def _fail_on(rank: int, nth: int) -> ddpgraph.GraphBackend:
+def _fail_on(rank: int, nth: int) -> GraphBackend:
     """The running variant's backend, whose recording fails on `rank` from its `nth`
     capture on (after the step was recorded, as CUDA reports an invalidated capture)."""
     base = type(harness.backend())
@@ -38,13 +39,13 @@ def _fail_on(rank: int, nth: int) -> ddpgraph.GraphBackend:
         def capture(self, fn: Any, **kw: Any) -> Any:
             graph = super().capture(fn, **kw)
             if ddpgraph.ddp.distributed.current_rank() == rank and self.captures >= nth:
-                raise ddpgraph.CaptureError(None, RuntimeError("injected failure of an added graph"))
+                raise CaptureError(None, RuntimeError("injected failure of an added graph"))
             return graph
 
     return FailOn()
 
 
-def _train(info: DistInfo, backend: ddpgraph.GraphBackend, n: int = 40, **kw: Any) -> dict[str, Any]:
+def _train(info: DistInfo, backend: GraphBackend, n: int = 40, **kw: Any) -> dict[str, Any]:
     batches = _batches(info, n)
     ref_losses, ref_params = _eager_reference(info, batches)
     ddp, opt, sched = _setup()

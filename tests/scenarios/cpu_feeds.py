@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import ddpgraph
+from ddpgraph.backends.graph import GraphBackend
 from ddpgraph.ddp.distributed import DistInfo
 
 BATCH, BATCHES_PER_RANK, EPOCHS, FEATURES = 8, 8, 2, 16
@@ -65,7 +66,7 @@ def _loader(info: DistInfo) -> tuple[DataLoader[Any], DistributedSampler[Any], i
     return loader, sampler, samples
 
 
-def _train(info: DistInfo, backend: ddpgraph.GraphBackend | None) -> dict[str, Any]:
+def _train(info: DistInfo, backend: GraphBackend | None) -> dict[str, Any]:
     """Two epochs through the loader; `backend` None is the eager reference (the step run
     in the graph-safe mode `capture_step` runs its eager steps in)."""
     loader, sampler, samples = _loader(info)

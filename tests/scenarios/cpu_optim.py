@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from cpu_training import batches, net
 
 import ddpgraph
-from ddpgraph import GraphSafeOptimizers, ParityCheck
+from ddpgraph import ParityCheck
 from ddpgraph.ddp.distributed import DistInfo
+from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
 
 STEPS = 16
 

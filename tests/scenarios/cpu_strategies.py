@@ -14,14 +14,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
+from ddpgraph import CaptureOptions
 from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.strategies import (
     AutoStep,
     Candidate,
-    CaptureOptions,
     EagerStep,
     TrialSettings,
     make_step,
+    partial,
 )
 from ddpgraph.strategies.evaluation import capture_eval
 from ddpgraph.strategies.partial import partial_report
@@ -178,7 +179,12 @@ def partial_agreement(info: DistInfo) -> dict[str, Any]:
         original = module.forward
         module.forward = lambda *a: original(*a)  # type: ignore[method-assign]
 
-    step = make_step(run.step, model=run.ddp, optimizer=run.opt, strategy="partial", grapher=grapher)
+    # The stand-in records submodules in place of CUDA graphs; the step reads it once built.
+    monkeypatch_grapher(grapher)
+    try:
+        step = make_step(run.step, model=run.ddp, optimizer=run.opt, strategy="partial")
+    finally:
+        monkeypatch_grapher(None)
     losses = run.train(step, batches)
     report = partial_report(run.ddp)
     assert report is not None
@@ -244,6 +250,11 @@ def eval_between_steps(info: DistInfo) -> dict[str, Any]:
     return out
 
 
+def monkeypatch_grapher(grapher: Any) -> None:
+    """Install `grapher` in place of CUDA graphs of submodules (None: CUDA graphs again)."""
+    partial._STAND_IN_GRAPHER = grapher
+
+
 def strategies_equal_eager(info: DistInfo) -> dict[str, Any]:
     """Each strategy that runs on CPU (whole and compile with the stand-in backend,
     partial with the stand-in grapher) trains like eager with the same optimizer."""
@@ -254,11 +265,15 @@ def strategies_equal_eager(info: DistInfo) -> dict[str, Any]:
         ("eager", {}, False),
         ("whole", {"backend": harness.backend()}, True),
         ("compile", {"backend": harness.backend(), "compile_backend": "eager"}, True),
-        ("partial", {"grapher": lambda m, a: None}, False),
+        ("partial", {}, False),
     ):
         torch._dynamo.reset()
         run = _Setup()
-        step = make_step(run.step, model=run.ddp, optimizer=run.opt, strategy=name, **kw)  # type: ignore[arg-type]
+        monkeypatch_grapher((lambda m, a: None) if name == "partial" else None)
+        try:
+            step = make_step(run.step, model=run.ddp, optimizer=run.opt, strategy=name, **kw)  # type: ignore[arg-type]
+        finally:
+            monkeypatch_grapher(None)
         losses = run.train(step, batches)
         ref_losses, ref_params = refs[safe]
         out[name] = {

@@ -46,6 +46,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 import ddpgraph
 from ddpgraph.app.models import MLP, GPTConfig, TinyGPT
 from ddpgraph.app.reference_step import StepOptions, make_train_step
+from ddpgraph.backends.graph import GraphBackend
 from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.strategies import make_step
 
@@ -173,7 +174,7 @@ class Poller:
 
 
 # ------------------------------------------------------------------ runs
-def _backend() -> ddpgraph.GraphBackend | None:
+def _backend() -> GraphBackend | None:
     return None if torch.cuda.is_available() else ddpgraph.RecordingBackend()
 
 

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import ddpgraph
+from ddpgraph.backends.graph import GraphBackend
 from ddpgraph.backends.recording import RecordingBackend
 from ddpgraph.ddp.distributed import DistInfo, init_distributed
 
@@ -35,7 +36,7 @@ _variant = {"backend": "pass-through"}
 _FUSED_ON_CPU = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 
 
-def backend(**kwargs: Any) -> ddpgraph.GraphBackend:
+def backend(**kwargs: Any) -> GraphBackend:
     """The graph backend of the running variant: `PassThroughBackend(**kwargs)` or
     `RecordingBackend(**kwargs)` (both take `fail_ranks` and `message`)."""
     if _variant["backend"] == RECORDING:

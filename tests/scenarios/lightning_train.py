@@ -1,5 +1,5 @@
 """A Lightning `Trainer(strategy="ddp")`, with and without
-`ddpgraph.lightning.CUDAGraphCallback`, from the same state and data: on gloo CPU
+`ddpgraph.integrations.lightning.CUDAGraphCallback`, from the same state and data: on gloo CPU
 processes with the stand-in backend (tests/dist/test_lightning_gloo.py), or one process
 per GPU with CUDA graphs (tests/gpu/test_lightning_gpu.py).
 
@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ddpgraph
 from ddpgraph.ddp.distributed import DistInfo
+from ddpgraph.integrations.lightning import CUDAGraphCallback
 
 BATCH, PER_RANK_BATCHES = 8, 16
 
@@ -113,7 +114,7 @@ def _fit(info: DistInfo, *, callback: bool, epochs: int = 2, root: str | None = 
     refused = trainer_kw.pop("refused", False)  # the callback leaves the optimizer as it is
     record = Record()
     on_gpu = info.device.type == "cuda"
-    graph = ddpgraph.lightning.CUDAGraphCallback(backend=None if on_gpu else ddpgraph.PassThroughBackend())
+    graph = CUDAGraphCallback(backend=None if on_gpu else ddpgraph.PassThroughBackend())
     callbacks: list[L.Callback] = [record, graph if callback else GraphSafe()]
     if refused and not callback:
         callbacks.pop()

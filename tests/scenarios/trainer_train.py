@@ -1,4 +1,4 @@
-"""`transformers.Trainer` against `ddpgraph.transformers.CUDAGraphTrainer`, from the same
+"""`transformers.Trainer` against `ddpgraph.integrations.transformers.CUDAGraphTrainer`, from the same
 state and data: a GPT-2 from a transformers config (no download), Trainer's own
 DataLoader, AdamW (fused, its default), linear or cosine schedule with warm-up,
 clipping, logging every `logging_steps`, evaluation and checkpoints. On gloo CPU
@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from ddpgraph.ddp.distributed import DistInfo
-from ddpgraph.transformers import CUDAGraphTrainer, GraphSafeReference
+from ddpgraph.integrations.transformers import CUDAGraphTrainer, GraphSafeReference
 
 VOCAB, SEQ, BATCH, STEPS = 64, 16, 4, 24
 

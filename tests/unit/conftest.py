@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpgraph
+from ddpgraph.ddp.distributed import DistInfo
+from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
 
 FEATURES, CLASSES, BATCH = 16, 4, 8
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -61,7 +63,7 @@ class Run:
     # Called inside the step between `backward` and `optimizer.step()`.
     inside: Callable[[], None] | None = None
     # The graph-safe mode `capture_step` runs its eager steps in (`graph_safe=True`).
-    safe: ddpgraph.GraphSafeOptimizers | None = None
+    safe: GraphSafeOptimizers | None = None
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -134,7 +136,7 @@ def batches() -> MakeBatches:
 
 
 @pytest.fixture
-def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
+def make_run(process_group: DistInfo) -> MakeRun:
     """Build a `Run`: DDP on the one-process gloo group unless `ddp=False`, with DDP's
     keyword arguments `ddp_kw`.
 
@@ -167,7 +169,7 @@ def make_run(process_group: ddpgraph.DistInfo) -> MakeRun:
         if converted:
             ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
         if graph_safe:
-            run.safe = ddpgraph.GraphSafeOptimizers([opt], ddpgraph.ddp.build.model_device(model))
+            run.safe = GraphSafeOptimizers([opt], ddpgraph.ddp.build.model_device(model))
             assert run.safe.prepare() is None
         return run
 

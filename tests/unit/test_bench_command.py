@@ -61,7 +61,7 @@ def test_arguments_reach_the_plan() -> None:
             "--batch-sizes",
             "4,16",
             "--strategies",
-            "capture_step,eager",  # a former name: still accepted
+            "whole,eager",
             "--steps",
             "24",
             "--warmup",

@@ -16,6 +16,7 @@ from ddpgraph.bench.plot import plot_speedups, speedup_figure
 from ddpgraph.bench.schema import SCHEMA_VERSION, FeedResult, Report, StrategyResult, validate
 from ddpgraph.bench.table import markdown, result_row, summary_row
 from ddpgraph.bench.terminal import terminal_tables
+from ddpgraph.errors import DdpGraphUsageError
 
 SETUP: dict[str, Any] = {
     "world_size": 2,
@@ -114,13 +115,12 @@ def test_payload_validates_and_round_trips_through_json() -> None:
     assert "| 8 | whole | 4.60 ± 0.10 | 3.13× |" in data["markdown"]
 
 
-def test_files_of_schema_version_1_still_load() -> None:
+@pytest.mark.parametrize("version", [1, 2, 4])
+def test_a_file_of_another_schema_version_is_refused_naming_both_versions(version: int) -> None:
     data = json.loads(json.dumps(payload(sample_report())))
-    data["schema_version"] = 1
-    for result in data["results"]:
-        result.pop("gpu_timeline")
-    assert validate(data) == []
-    assert Report.from_dict(data).results[0].gpu_timeline is None
+    data["schema_version"] = version
+    with pytest.raises(DdpGraphUsageError, match=f"schema_version {version}, expected {SCHEMA_VERSION}"):
+        Report.from_dict(data)
 
 
 @pytest.mark.parametrize(
@@ -144,7 +144,8 @@ def test_validate_names_what_is_wrong(edit: Any, problem: str) -> None:
     data = copy.deepcopy(payload(sample_report()))
     edit(data)
     assert any(problem in p for p in validate(data)), validate(data)
-    with pytest.raises(ValueError, match="not a ddpgraph bench result"):
+    # Another schema version is refused by its own message (naming both versions).
+    with pytest.raises(ValueError, match=r"not a ddpgraph bench result|schema_version 99, expected 3"):
         Report.from_dict(data)
 
 
@@ -232,21 +233,13 @@ DATA = Path(__file__).parent / "data"
 OLD_FILE = DATA / "bench_v2.json"
 
 
-def test_a_file_of_the_old_names_loads_under_the_new_ones() -> None:
+def test_a_file_of_the_old_names_is_refused_not_renamed() -> None:
     data = json.loads(OLD_FILE.read_text())
-    assert data["schema_version"] == 2 and validate(data) == []
-    written = [r["strategy"] for r in data["results"]]
-    assert written == ["eager", "compile", "recipe", "capture_step", "capture_step+compile"]
-    report = Report.from_dict(data)
-    # Its `compile` was plain torch.compile: the file's version says so, not a guess.
-    assert [r.strategy for r in report.results] == ["eager", "torch-compile", "recipe", "whole", "compile"]
-    every = ["eager", "torch-compile", "reduce-overhead", "recipe", "whole", "compile", "partial"]
-    assert [s["name"] for s in report.strategies] == every
-    assert report.setup["settings"]["strategies"] == ["eager", "torch-compile", "recipe", "whole", "compile"]
-    whole = report.case("mlp", 8)["whole"]
-    assert whole.status == "ok" and whole.captured is True
-    assert report.case("mlp", 8)["torch-compile"].status == "skipped"
-    assert data["results"][3]["strategy"] == "capture_step"  # the document itself is left as it was
+    assert data["schema_version"] == 2
+    with pytest.raises(DdpGraphUsageError) as info:
+        Report.from_dict(data)
+    assert "schema_version 2, expected 3" in str(info.value)
+    assert "run `ddpgraph bench` again" in str(info.value)
 
 
 def test_a_file_of_the_current_version_keeps_its_names() -> None:
@@ -257,14 +250,14 @@ def test_a_file_of_the_current_version_keeps_its_names() -> None:
     assert [r.strategy for r in Report.from_dict(data).results] == names
 
 
-def test_the_published_results_load_under_the_new_names() -> None:
+def test_the_published_results_load_under_make_steps_names() -> None:
     data = json.loads((Path(__file__).resolve().parents[2] / "docs" / "bench.json").read_text())
     report = Report.from_dict(data)
     every = {"eager", "torch-compile", "reduce-overhead", "recipe", "whole", "compile", "partial"}
     assert {r.strategy for r in report.results} == every
     fill_speedups(report)
     [row] = [r for r in summary(report) if (r["model"], r["batch_size"]) == ("gpt", 8)]
-    # The summary of the renamed rows is the one published with the file.
+    # The summary of its rows is the one published with the file.
     assert row["compile_speedup"] == pytest.approx(data["summary"][0]["compile_speedup"])
     assert row["speedup_vs_eager"] == pytest.approx(data["summary"][0]["speedup_vs_eager"])
 

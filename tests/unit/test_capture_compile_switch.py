@@ -84,16 +84,24 @@ def test_compile_must_be_a_bool(process_group: Any, value: Any) -> None:
 def test_the_other_arguments_are_checked_first(process_group: Any) -> None:
     ddp, _, fn = _setup()
     with pytest.raises(DdpGraphUsageError, match=r"capture_step\(optimizer=\.\.\.\)"):
-        ddpgraph.capture_step(fn, model=ddp, optimizer="adam", compile=True)  # type: ignore[call-overload]
+        ddpgraph.capture_step(fn, model=ddp, optimizer="adam", compile=True)  # type: ignore[arg-type]
 
 
-def test_the_core_reaches_the_compile_strategy_through_the_builder_it_registered(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from ddpgraph import compile_route
+def test_capture_step_calls_the_compile_strategys_builder(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
 
-    assert len(compile_route._BUILDERS) == 1 and compile_route._BUILDERS[0] is compile_switch.capture_compiled
-    monkeypatch.setattr(compile_route, "_BUILDERS", [])
+    def builder(fn: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        raise _Built
+
+    monkeypatch.setattr(compile_switch, "capture_compiled", builder)
     ddp, opt, fn = _setup()
-    with pytest.raises(RuntimeError, match=r"registers itself when `ddpgraph\.strategies` is imported"):
-        ddpgraph.capture_step(fn, model=ddp, optimizer=opt, compile=True)
+    with pytest.raises(_Built):
+        ddpgraph.capture_step(fn, model=ddp, optimizer=opt, compile=True, warmup_steps=3)
+    [kwargs] = seen
+    assert kwargs["compile"] is True and kwargs["model"] is ddp and kwargs["optimizers"] is opt
+    assert kwargs["options"] == ddpgraph.CaptureOptions(warmup_steps=3)
+
+
+class _Built(Exception):
+    pass

@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-import ddpgraph
 from ddpgraph.backends import graph as backends
 from ddpgraph.backends.capture_mode import CAPTURE_ERROR_MODE, default_capture_mode
+from ddpgraph.backends.graph import CudaGraphBackend
 from ddpgraph.strategies import partial
 
 
@@ -56,7 +56,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
 
 def test_the_whole_step_is_recorded_in_thread_local_mode(fake_cuda: list[tuple[str, str]]) -> None:
-    graph = ddpgraph.CudaGraphBackend().capture(lambda: 1, stream=FakeStream(), pool=None)  # type: ignore[arg-type]
+    graph = CudaGraphBackend().capture(lambda: 1, stream=FakeStream(), pool=None)  # type: ignore[arg-type]
     assert graph.outputs == 1
     assert fake_cuda == [(threading.current_thread().name, "thread_local")]
     assert CAPTURE_ERROR_MODE == "thread_local"

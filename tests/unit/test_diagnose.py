@@ -8,8 +8,9 @@ import traceback
 
 import torch
 
-from ddpgraph import Code, Finding, Location
+from ddpgraph import Code, Finding
 from ddpgraph.backends.graph import CaptureError
+from ddpgraph.findings import Location
 from ddpgraph.probe.diagnose import (
     STREAM_WARNING,
     capture_findings,

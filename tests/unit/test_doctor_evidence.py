@@ -12,13 +12,14 @@ import pytest
 import torch
 from torch import nn
 
-from ddpgraph import Code, DdpGraphUsageError, Finding, Location
+from ddpgraph import Code, DdpGraphUsageError, Finding
 from ddpgraph.doctor.failure_rules import capture_failure_findings, script_error_finding
 from ddpgraph.doctor.observed import DdpForward, DdpModel, Graph, StreamInfo
 from ddpgraph.doctor.recorder import Recorder
 from ddpgraph.doctor.records import GraphCounts, RankRecord, RankStatus
 from ddpgraph.doctor.report import EXIT_UNCHECKED, build_report
 from ddpgraph.doctor.run import RunResult
+from ddpgraph.findings import Location
 from ddpgraph.probe.diagnose import STREAM_WARNING
 from ddpgraph.probe.syncs import SyncEvent
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from ddpgraph import Code, Location
+from ddpgraph import Code
 from ddpgraph.doctor.observed import StreamInfo, storage_key
 from ddpgraph.doctor.recorder import Recorder
+from ddpgraph.findings import Location
 
 SIDE = StreamInfo(7, False)
 DEFAULT = StreamInfo(0, True)

@@ -9,7 +9,7 @@ import os
 
 from rich.console import Console
 
-from ddpgraph import Code, Finding, Location
+from ddpgraph import Code, Finding
 from ddpgraph.doctor.records import (
     GraphCounts,
     RankRecord,
@@ -21,6 +21,7 @@ from ddpgraph.doctor.records import (
 )
 from ddpgraph.doctor.report import SCHEMA, build_report, ranks_disagree, render
 from ddpgraph.doctor.run import RunResult, waiting_location
+from ddpgraph.findings import Location
 
 HERE = Location("train.py", 12, "loss.item()")
 CAPTURE_AT = Location("train.py", 30, "with torch.cuda.graph(g, stream=s):")

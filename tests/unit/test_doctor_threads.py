@@ -15,11 +15,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddpgraph import Code, Location
+from ddpgraph import Code
 from ddpgraph.doctor.instrument import _wrap
 from ddpgraph.doctor.observed import StreamInfo, ThreadCall
 from ddpgraph.doctor.recorder import Recorder
 from ddpgraph.doctor.threads import ThreadWatch
+from ddpgraph.findings import Location
 
 CAPTURE_AT = Location("train.py", 30, "with torch.cuda.graph(g, stream=s):")
 LOADER_AT = Location("train.py", 12, "loader = DataLoader(data, batch_size=64, num_workers=4, pin_memory=True)")

@@ -10,6 +10,7 @@ import torch
 
 import ddpgraph
 from ddpgraph import StepState
+from ddpgraph.backends.graph import CaptureError
 
 SIZES = [8, 5, 3, 5, 8, 3, 3, 5, 8, 5, 3, 8, 5, 5, 3, 8]  # after 11 warm-up calls of size 8
 
@@ -85,7 +86,7 @@ class _FailSecond(ddpgraph.PassThroughBackend):
     def capture(self, fn: Any, **kw: Any) -> Any:
         graph = super().capture(fn, **kw)
         if self.captures >= 2:
-            raise ddpgraph.CaptureError(None, RuntimeError("injected failure of an added graph"))
+            raise CaptureError(None, RuntimeError("injected failure of an added graph"))
         return graph
 
 

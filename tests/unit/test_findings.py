@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddpgraph import CATALOG, Code, DdpGraphError, DdpGraphUsageError, Finding, Location
+from ddpgraph import Code, DdpGraphError, DdpGraphUsageError, Finding
 from ddpgraph.errors import usage_error
-from ddpgraph.findings import format_ranks, merge_by_code
+from ddpgraph.findings import CATALOG, Location, format_ranks, merge_by_code
 
 
 def test_template_with_subject_location_and_ranks() -> None:

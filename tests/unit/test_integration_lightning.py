@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 import ddpgraph
-from ddpgraph.integrations.lightning import lightning_refusal
+from ddpgraph.integrations.lightning import CUDAGraphCallback, lightning_refusal
 
 
 class Module(L.LightningModule):
@@ -40,16 +40,13 @@ def test_manual_optimization_and_accumulation_are_refused() -> None:
     assert accumulate is not None and "accumulate_grad_batches=4" in accumulate.happened
 
 
-def test_the_callback_is_reachable_lazily_from_the_package() -> None:
-    assert ddpgraph.lightning.CUDAGraphCallback is not None
-    from ddpgraph.lightning import CUDAGraphCallback
-
+def test_the_callback_is_one_import_away() -> None:
     assert CUDAGraphCallback().state == "warmup"
 
 
 def test_a_closure_of_an_unknown_shape_is_refused_once_and_runs_eagerly() -> None:
     module = Module()
-    callback = ddpgraph.lightning.CUDAGraphCallback(backend=ddpgraph.PassThroughBackend())
+    callback = CUDAGraphCallback(backend=ddpgraph.PassThroughBackend())
     ran: list[tuple[object, ...]] = []
     callback._original = lambda *args: ran.append(args)
     callback._module = module
@@ -85,7 +82,7 @@ class Tiny(L.LightningModule):
 def test_stats_count_every_step_with_capture_steps_types_when_refused(accumulate: int) -> None:
     """On CPU the callback refuses (NO_CUDA; or the accumulation): every optimizer step
     runs eagerly and is counted, as `capture_step` counts them."""
-    callback = ddpgraph.lightning.CUDAGraphCallback()
+    callback = CUDAGraphCallback()
     data = torch.utils.data.DataLoader(torch.randn(40, 4), batch_size=2)
     with pytest.warns(ddpgraph.DdpGraphWarning) if accumulate > 1 else contextlib.nullcontext():
         _trainer(max_steps=20, callbacks=[callback], enable_checkpointing=False, enable_model_summary=False,

@@ -1,4 +1,4 @@
-"""`ddpgraph.transformers.CUDAGraphTrainer` in one process: what it refuses and why,
+"""`ddpgraph.integrations.transformers.CUDAGraphTrainer` in one process: what it refuses and why,
 its arguments checked before Trainer builds anything, and a whole `train()` on a
 model without DDP (what Trainer trains at world size 1) with the recording backend,
 equal to plain Trainer with the same graph-safe optimizer. The DDP runs over gloo are
@@ -22,7 +22,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 import ddpgraph
 from ddpgraph import Code
 from ddpgraph.integrations import transformers_setup
-from ddpgraph.transformers import CUDAGraphTrainer, GraphSafeReference, trainer_refusal
+from ddpgraph.integrations.transformers import CUDAGraphTrainer, GraphSafeReference, trainer_refusal
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 STEPS = 10

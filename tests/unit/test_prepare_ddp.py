@@ -9,6 +9,7 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph.ddp.build import infer_device_ids
+from ddpgraph.ddp.distributed import DistInfo
 
 GPU1 = torch.device("cuda", 1)
 
@@ -48,13 +49,13 @@ def test_unusable_device_ids_are_refused_with_the_fix(devices: set[torch.device]
     assert f"got {given!r}" in text and "HINT: leave `device_ids` out" in text
 
 
-def test_cpu_model_needs_no_device_ids(process_group: ddpgraph.DistInfo) -> None:
+def test_cpu_model_needs_no_device_ids(process_group: DistInfo) -> None:
     ddp = ddpgraph.prepare_ddp(nn.Linear(4, 2))
     assert ddp.device_ids is None
     ddp(torch.randn(3, 4)).sum().backward()
 
 
-def test_cpu_model_with_a_none_device_id_is_a_usage_error(process_group: ddpgraph.DistInfo) -> None:
+def test_cpu_model_with_a_none_device_id_is_a_usage_error(process_group: DistInfo) -> None:
     with pytest.raises(ddpgraph.DdpGraphUsageError, match="leave `device_ids` out"):
         ddpgraph.prepare_ddp(nn.Linear(4, 2), device_ids=[process_group.device.index])
 

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 import ddpgraph
-from ddpgraph import Code, StepState
+from ddpgraph import CaptureOptions, Code, StepState
 from ddpgraph.strategies import (
     AutoStep,
     Candidate,
-    CaptureOptions,
     EagerStep,
     SelectionCode,
     TrialSettings,

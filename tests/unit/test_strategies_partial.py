@@ -4,7 +4,9 @@ why, the guard around each graphed forward, and that training is unchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ from torch import nn
 
 import ddpgraph
 from ddpgraph import Code, StepState
-from ddpgraph.strategies import make_step
+from ddpgraph.strategies import make_step, partial
 from ddpgraph.strategies.partial import graph_submodules, partial_report, ungraph_submodules
 from ddpgraph.strategies.partial_graphed import GraphedForward
 from ddpgraph.strategies.partial_record import AutocastState
@@ -73,6 +75,22 @@ class FakeGrapher:
         self.graphed.append(module)
 
 
+@contextlib.contextmanager
+def stand_in(grapher: Any) -> Iterator[None]:
+    """`grapher` records submodules in place of CUDA graphs, also of a CPU model."""
+    before = partial._STAND_IN_GRAPHER
+    partial._STAND_IN_GRAPHER = grapher
+    try:
+        yield
+    finally:
+        partial._STAND_IN_GRAPHER = before
+
+
+def _graph(model: nn.Module, *args: Any, grapher: Any, **kwargs: Any) -> nn.Module:
+    with stand_in(grapher):
+        return graph_submodules(model, *args, **kwargs)
+
+
 def _x(n: int = 8) -> torch.Tensor:
     return torch.randn(n, 16, generator=torch.Generator().manual_seed(3))
 
@@ -80,7 +98,7 @@ def _x(n: int = 8) -> torch.Tensor:
 def test_the_whole_model_is_graphed_when_it_can_be() -> None:
     net = Net()
     grapher = FakeGrapher(net)
-    assert graph_submodules(net, (_x(),), grapher=grapher) is net
+    assert _graph(net, (_x(),), grapher=grapher) is net
     report = partial_report(net)
     assert report is not None and report.graphed == [""] and report.skipped == []
     assert grapher.graphed == [net]
@@ -89,7 +107,7 @@ def test_the_whole_model_is_graphed_when_it_can_be() -> None:
 
 def test_a_module_that_fails_is_replaced_by_its_children() -> None:
     net = Net()
-    graph_submodules(net, (_x(),), grapher=FakeGrapher(net, fail=("",)))
+    _graph(net, (_x(),), grapher=FakeGrapher(net, fail=("",)))
     report = partial_report(net)
     assert report is not None
     assert report.graphed == ["inp", "bn", "head", "blocks.0", "blocks.1", "blocks.2"]
@@ -102,7 +120,7 @@ def test_a_module_that_fails_is_replaced_by_its_children() -> None:
 
 def test_a_module_unlike_eager_is_rejected() -> None:
     net = Net()
-    graph_submodules(net, (_x(),), grapher=FakeGrapher(net, perturb=("", "blocks.1")))
+    _graph(net, (_x(),), grapher=FakeGrapher(net, perturb=("", "blocks.1")))
     report = partial_report(net)
     assert report is not None and "blocks.1" not in report.graphed and "blocks.0" in report.graphed
     rejected = {s.name: s for s in report.skipped}
@@ -114,7 +132,7 @@ def test_a_module_unlike_eager_is_rejected() -> None:
 
 def test_named_submodules_only() -> None:
     net = Net()
-    graph_submodules(net, (_x(),), names=["blocks.1", "head"], grapher=FakeGrapher(net))
+    _graph(net, (_x(),), names=["blocks.1", "head"], grapher=FakeGrapher(net))
     report = partial_report(net)
     assert report is not None and report.graphed == ["blocks.1", "head"]
 
@@ -122,11 +140,11 @@ def test_named_submodules_only() -> None:
 def test_a_named_submodule_that_cannot_be_graphed_raises() -> None:
     net = Net()
     with pytest.raises(ddpgraph.DdpGraphError) as err:
-        graph_submodules(net, (_x(),), names=["head", "twice"], grapher=FakeGrapher(net))
+        _graph(net, (_x(),), names=["head", "twice"], grapher=FakeGrapher(net))
     assert "called 2 times" in str(err.value)
     assert partial_report(net) is None and "forward" not in net.head.__dict__  # nothing kept
     with pytest.raises(ddpgraph.DdpGraphError) as err:
-        graph_submodules(net, (_x(),), names=["blocks.0"], grapher=FakeGrapher(net, fail=("blocks.0",)))
+        _graph(net, (_x(),), names=["blocks.0"], grapher=FakeGrapher(net, fail=("blocks.0",)))
     assert err.value.code is Code.HOST_SYNC_IN_CAPTURE
 
 
@@ -135,7 +153,7 @@ def test_graphing_leaves_buffers_and_rng_as_they_were(same) -> None:
     buffers = [b.clone() for b in net.buffers()]
     params = [p.detach().clone() for p in net.parameters()]
     rng = torch.get_rng_state()
-    graph_submodules(net, (_x(),), grapher=FakeGrapher(net, fail=("",)))
+    _graph(net, (_x(),), grapher=FakeGrapher(net, fail=("",)))
     assert same([b.clone() for b in net.buffers()], buffers)
     assert same([p.detach().clone() for p in net.parameters()], params)
     assert torch.equal(torch.get_rng_state(), rng)
@@ -144,7 +162,7 @@ def test_graphing_leaves_buffers_and_rng_as_they_were(same) -> None:
 
 def test_calls_unlike_the_sample_run_the_original_forward() -> None:
     net = Net()
-    graph_submodules(net, (_x(),), grapher=FakeGrapher(net, fail=("",)))
+    _graph(net, (_x(),), grapher=FakeGrapher(net, fail=("",)))
     head = net.head.forward
     assert isinstance(head, GraphedForward)
     net(_x())
@@ -190,7 +208,7 @@ def test_a_gradient_kept_from_the_graph_gets_its_own_memory() -> None:
 
 def test_ungraph_puts_the_original_forwards_back() -> None:
     net = Net()
-    graph_submodules(net, (_x(),), grapher=FakeGrapher(net, fail=("",)))
+    _graph(net, (_x(),), grapher=FakeGrapher(net, fail=("",)))
     ungraph_submodules(net)
     assert partial_report(net) is None
     assert not any("forward" in m.__dict__ for m in net.modules())
@@ -201,12 +219,12 @@ def test_graph_submodules_usage_errors() -> None:
     with pytest.raises(ddpgraph.DdpGraphUsageError, match="CUDA device"):
         graph_submodules(net, (_x(),))
     with pytest.raises(ddpgraph.DdpGraphUsageError, match="'nope'"):
-        graph_submodules(net, (_x(),), names=["nope"], grapher=FakeGrapher(net))
+        _graph(net, (_x(),), names=["nope"], grapher=FakeGrapher(net))
     with pytest.raises(ddpgraph.DdpGraphUsageError, match="tuple"):
-        graph_submodules(net, _x(), grapher=FakeGrapher(net))  # type: ignore[arg-type]
-    graph_submodules(net, (_x(),), grapher=FakeGrapher(net))
+        _graph(net, _x(), grapher=FakeGrapher(net))
+    _graph(net, (_x(),), grapher=FakeGrapher(net))
     with pytest.raises(ddpgraph.DdpGraphUsageError, match="already graphed"):
-        graph_submodules(net, (_x(),), grapher=FakeGrapher(net))
+        _graph(net, (_x(),), grapher=FakeGrapher(net))
 
 
 def test_partial_strategy_trains_like_eager(make_run, batches, same) -> None:
@@ -215,7 +233,8 @@ def test_partial_strategy_trains_like_eager(make_run, batches, same) -> None:
     ref_trace = ref.train(data)
     run = make_run()
     grapher = FakeGrapher(run.model.module)
-    step = make_step(run.step, model=run.model, optimizer=run.optimizer, strategy="partial", grapher=grapher)
+    with stand_in(grapher):
+        step = make_step(run.step, model=run.model, optimizer=run.optimizer, strategy="partial")
     assert step.state is StepState.WARMUP
     trace = run.train(data, step)
     assert trace.states == ["captured"] * 12
@@ -231,7 +250,7 @@ def test_partial_strategy_trains_like_eager(make_run, batches, same) -> None:
 
 def test_partial_strategy_uses_submodules_graphed_before(make_run) -> None:
     run = make_run()
-    graph_submodules(run.model, (_x(),), grapher=FakeGrapher(run.model.module))
+    _graph(run.model, (_x(),), grapher=FakeGrapher(run.model.module))
     step = make_step(run.step, model=run.model, optimizer=run.optimizer, strategy="partial")
     assert step.state is StepState.CAPTURED and step.stats.captures == 1
 
@@ -251,7 +270,8 @@ def test_nothing_graphable_is_explained(make_run, batches) -> None:
     run = make_run()
     net = run.model.module
     names = [n for n, m in net.named_modules() if any(True for _ in m.parameters())]
-    step = make_step(run.step, model=run.model, strategy="partial", grapher=FakeGrapher(net, fail=tuple(names)))
+    with stand_in(FakeGrapher(net, fail=tuple(names))):
+        step = make_step(run.step, model=run.model, strategy="partial")
     run.train(batches(2), step)
     assert step.state is StepState.EAGER
     assert step.reason is not None and "no submodule could be graphed" in step.reason.happened

@@ -1,6 +1,6 @@
 """One vocabulary for `make_step` and `ddpgraph bench` (`ddpgraph.strategies.names`): a
-benchmark row runs the `make_step` strategy of its name, former names still select their
-rows, and `make_step` points a user who types a benchmark name at its own."""
+benchmark row runs the `make_step` strategy of its name, and `make_step` points a user who
+types a benchmark-only name at its own."""
 
 from __future__ import annotations
 
@@ -14,16 +14,14 @@ import ddpgraph
 from ddpgraph.bench import registered, select
 from ddpgraph.bench import strategies as bench_strategies
 from ddpgraph.bench.case import Case
-from ddpgraph.bench.registry import rename_notes
 from ddpgraph.bench.workloads import resolve_model
-from ddpgraph.strategies.names import BENCH_ONLY_NAMES, FORMER_BENCH_NAMES, RUNS, STRATEGY_NAMES
+from ddpgraph.strategies.names import BENCH_ONLY_NAMES, RUNS, STRATEGY_NAMES
 
 
 def test_every_bench_row_is_a_make_step_strategy_or_a_named_reference() -> None:
     rows = [s.name for s in registered()]
     assert set(rows) == (set(STRATEGY_NAMES) - {"auto"}) | set(BENCH_ONLY_NAMES)
     assert set(RUNS) == set(STRATEGY_NAMES) | set(BENCH_ONLY_NAMES)
-    assert not set(FORMER_BENCH_NAMES) & set(rows)  # a former name is never a row of its own
 
 
 class _Called(Exception):
@@ -60,26 +58,16 @@ def test_the_bench_row_of_a_make_step_name_calls_make_step_with_that_name(
     runner.close()
 
 
-def test_former_bench_names_select_their_rows_and_say_the_new_name() -> None:
-    chosen = select(["eager", "capture_step", "capture_step+compile"])
-    assert [s.name for s in chosen] == ["eager", "whole", "compile"]
-    notes = rename_notes(["eager", "capture_step", "capture_step+compile"])
-    assert notes[0] == "`--strategies capture_step` is now called `whole` (make_step's name); the old name still works"
-    assert notes[1].startswith("`--strategies capture_step+compile` is now called `compile`")
-    assert len(notes) == 2
-    # `compile`, which meant plain torch.compile here before, says what it runs now and
-    # where plain torch.compile went; not once that is asked for by its new name as well.
-    [note] = rename_notes(["eager", "compile"])
-    assert "capture_step(compile=True)" in note and "plain torch.compile(ddp)" in note and "`torch-compile`" in note
-    assert rename_notes(["compile", "torch-compile"]) == []
-    assert rename_notes(["eager", "whole"]) == rename_notes(None) == []
+def test_select_refuses_a_name_that_is_no_row() -> None:
+    assert [s.name for s in select(["eager", "whole", "compile"])] == ["eager", "whole", "compile"]
+    with pytest.raises(ddpgraph.DdpGraphUsageError, match="capture_step"):
+        select(["eager", "capture_step"])
 
 
 @pytest.mark.parametrize(
     ("given", "hint"),
     [
-        ("capture_step", "make_step's name is strategy='whole'"),
-        ("capture_step+compile", "make_step's name is strategy='compile'"),
+        ("capture_step", "use strategy='auto'"),
         ("torch-compile", "a reference row of `ddpgraph bench`, not a make_step strategy"),
         ("turbo", "use strategy='auto'"),
         (["whole"], "use strategy='auto'"),  # not a name at all: still the usage error

@@ -22,14 +22,17 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..ddp.distributed import current_rank
+from ..errors import DdpGraphError
+from ..findings import Code, Finding
 from .capture_mode import CAPTURE_ERROR_MODE
 from .rng import register_generators, release_after_failed_capture
 
 
-class CaptureError(Exception):
+class CaptureError(DdpGraphError):
     """Recording failed. `cause` is the first error raised while recording, `end_error`
     the error raised when the recording was closed (CUDA reports an invalidated
-    capture only then).
+    capture only then). Its finding is CAPTURE_FAILED with that error; the captured step
+    diagnoses both errors into the finding it reports (`diagnose.finding_from_capture_error`).
 
     Only exceptions are wrapped: an interrupt (`KeyboardInterrupt`) or an exit
     (`SystemExit`) raised while recording propagates as it is, once the recording is
@@ -39,7 +42,7 @@ class CaptureError(Exception):
         self.cause = cause
         self.end_error = end_error
         first = cause if cause is not None else end_error
-        super().__init__(f"{type(first).__name__}: {first}")
+        super().__init__(Finding(Code.CAPTURE_FAILED, f"{type(first).__name__}: {first}", subject="graph recording"))
 
 
 class CapturedGraph(Protocol):

@@ -44,12 +44,11 @@ from ..app.console import console
 from ..app.launch import run_under_torchrun
 from ..ddp.distributed import init_distributed, launched_by_torchrun, shutdown
 from ..errors import DdpGraphUsageError, usage_error
-from ..strategies.names import current_names
 from .compare import fill_speedups, summary
 from .measure import Settings
 from .plot import plot_formats, plot_speedups
 from .presets import PRESETS
-from .registry import registered, rename_notes, select
+from .registry import registered, select
 from .schema import Report, StrategyResult
 from .stats import default_window
 from .strategies import RECIPE_WARMUP_ITERATIONS
@@ -190,9 +189,6 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         setup = describe_setup(info, plan, argv)
         if info.is_main and plan.note:
             output_console().print(plan.note)
-        if info.is_main:
-            for line in rename_notes(strategy_names(args.strategies)):
-                print(line, file=sys.stderr)
 
         def save(results: list[StrategyResult]) -> None:
             if args.json_path:
@@ -240,7 +236,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     on_cuda = torch.cuda.is_available() and not args.cpu
     cpu_defaults = args.model is None and not on_cuda
     names = strategy_names(args.strategies)
-    varlen = parse_varlen(args.seq_lens, args.buckets, None if names is None else current_names(names))
+    varlen = parse_varlen(args.seq_lens, args.buckets, names)
     if varlen is not None:
         return varlen_plan_from(args, varlen, settings_from(args), on_cuda)
     if cpu_defaults:
@@ -272,11 +268,10 @@ def strategy_names(text: str | None) -> list[str] | None:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-# Under the table of `--list-strategies`: what changed for a reader of older results.
-RENAMES_CAPTION = (
-    "The names are make_step's. Until results schema version 3 the benchmark called `whole` "
-    "`capture_step` and `compile` `capture_step+compile` (both still accepted), and `compile` "
-    "meant plain torch.compile(ddp), which is now `torch-compile`."
+# Under the table of `--list-strategies`: where the names come from.
+NAMES_CAPTION = (
+    "The names are make_step's (`make_step(strategy=...)`); `torch-compile` and `recipe` are "
+    "references make_step does not offer."
 )
 
 
@@ -305,7 +300,7 @@ def varlen_plan_from(args: argparse.Namespace, varlen: VarLen, settings: Setting
 
 def strategy_table() -> Table:
     table = Table(
-        title="ddpgraph bench strategies", title_justify="left", caption=RENAMES_CAPTION, caption_justify="left"
+        title="ddpgraph bench strategies", title_justify="left", caption=NAMES_CAPTION, caption_justify="left"
     )
     for header in ("name", "what it runs", "on CPU"):
         table.add_column(header)

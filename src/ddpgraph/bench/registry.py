@@ -6,9 +6,7 @@ implementation does not exist yet is registered with `build=None` and the reason
 it shows up in listings and results instead of being silently absent. Register more
 with `register_strategy`.
 
-The built-in names are `make_step`'s (`strategies/names.py`); the benchmark's former
-names for two of them, `capture_step` and `capture_step+compile`, still select them
-(`select`), and `rename_notes` says what they are called now.
+The built-in names are `make_step`'s (`strategies/names.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import usage_error
-from ..strategies.names import FORMER_BENCH_NAMES, RUNS, current_names
 from .case import Case, Runner
 
 
@@ -75,7 +72,6 @@ def select(names: Sequence[str] | None) -> list[Strategy]:
     """The strategies named (in registry order), or every available one for None."""
     if names is None:
         return [s for s in _REGISTRY.values() if s.available]
-    names = current_names(names)
     unknown = [n for n in names if n not in _REGISTRY]
     if unknown:
         raise usage_error(
@@ -85,21 +81,3 @@ def select(names: Sequence[str] | None) -> list[Strategy]:
         )
     wanted = set(names)
     return [s for s in _REGISTRY.values() if s.name in wanted]
-
-
-def rename_notes(names: Sequence[str] | None) -> list[str]:
-    """One line per name in `names` whose meaning a reader of older results might get
-    wrong: a former name (still accepted), and `compile`, which named plain
-    torch.compile in the benchmark before it took `make_step`'s meaning."""
-    chosen = list(names or ())
-    notes = [
-        f"`--strategies {old}` is now called `{FORMER_BENCH_NAMES[old]}` (make_step's name); the old name still works"
-        for old in dict.fromkeys(chosen)
-        if old in FORMER_BENCH_NAMES
-    ]
-    if "compile" in chosen and "torch-compile" not in chosen:
-        notes.append(
-            f"`--strategies compile` runs {RUNS['compile']} (make_step's `compile`); "
-            "plain torch.compile(ddp), which the benchmark called `compile` before, is `torch-compile`"
-        )
-    return notes

@@ -28,13 +28,10 @@ A feed's `eager_calls` counts its timed calls that a strategy which captures (`w
 A feed's `throughput` is `units_per_step` (world size × batch size × tokens per sequence,
 or images) per second, in the result's `throughput_unit`.
 Times are milliseconds, except `capture_s` and `wall_s` (seconds) and the gaps (µs).
-Fields are only ever added within a schema version; files of earlier versions still load.
-
-Strategy names are `make_step`'s since version 3 (`strategies/names.py`). Files of
-versions 1 and 2 load with their rows renamed (`renamed_strategy`): `capture_step` is
-`whole`, `capture_step+compile` is `compile`, and their `compile`, which was plain
-torch.compile, is `torch-compile`. The file's version decides, so a `compile` is never
-guessed at.
+Fields are only ever added within a schema version. A file of another version is refused
+(`DdpGraphUsageError`), naming the version found and the one expected: the strategy names
+are `make_step`'s (`strategies/names.py`) since version 3, and an earlier file's `compile`
+meant plain torch.compile, so a row of another version is never read as a row of this one.
 """
 
 from __future__ import annotations
@@ -42,15 +39,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..strategies.names import FORMER_BENCH_NAMES
+from ..errors import usage_error
 
 SCHEMA = "ddpgraph.bench"
 SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
-# The first version whose strategy names are make_step's.
-SHARED_NAMES_VERSION = 3
-# What the rows of earlier versions are called now.
-_FORMER_ROWS = {**FORMER_BENCH_NAMES, "compile": "torch-compile"}
 STATUSES = ("ok", "failed", "skipped")
 FEED_TITLES = {"device": "device feed", "dataloader": "DataLoader feed"}
 
@@ -147,25 +139,21 @@ class Report:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
-        """The report a JSON document holds, its strategies under today's names."""
+        """The report a JSON document holds. A file of another schema version raises
+        `DdpGraphUsageError` (a `ValueError`) naming both versions; anything else wrong
+        with it, `ValueError`."""
+        if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("schema_version") != SCHEMA_VERSION:
+            raise usage_error(
+                "`Report.from_dict`",
+                f"a ddpgraph bench result of schema_version {data.get('schema_version')!r}, expected "
+                f"{SCHEMA_VERSION} (the version whose strategy names are make_step's)",
+                "run `ddpgraph bench` again to write the results in this version",
+            )
         problems = validate(data)
         if problems:
             raise ValueError("not a ddpgraph bench result: " + "; ".join(problems))
-        version = data["schema_version"]
         results = [StrategyResult.from_dict(r) for r in data["results"]]
-        for result in results:
-            result.strategy = renamed_strategy(result.strategy, version)
-        strategies = [{**s, "name": renamed_strategy(s.get("name", ""), version)} for s in data["strategies"]]
-        setup = dict(data["setup"])
-        settings = setup.get("settings")
-        if isinstance(settings, dict) and isinstance(settings.get("strategies"), list):
-            setup["settings"] = {**settings, "strategies": [renamed_strategy(n, version) for n in settings["strategies"]]}
-        return cls(setup, strategies, results)
-
-
-def renamed_strategy(name: str, version: int) -> str:
-    """What the strategy `name` of a file of schema `version` is called now."""
-    return name if version >= SHARED_NAMES_VERSION else _FORMER_ROWS.get(name, name)
+        return cls(dict(data["setup"]), list(data["strategies"]), results)
 
 
 _NUMBER = (int, float)
@@ -205,10 +193,8 @@ def validate(data: Any) -> list[str]:
     problems: list[str] = []
     if data.get("schema") != SCHEMA:
         problems.append(f"schema is {data.get('schema')!r}, expected {SCHEMA!r}")
-    if data.get("schema_version") not in READABLE_VERSIONS:
-        problems.append(
-            f"schema_version is {data.get('schema_version')!r}, expected one of {READABLE_VERSIONS}"
-        )
+    if data.get("schema_version") != SCHEMA_VERSION:
+        problems.append(f"schema_version is {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
     setup = data.get("setup")
     if not isinstance(setup, dict):
         problems.append("setup is missing")
@@ -244,8 +230,8 @@ def _check_result(i: int, result: Any) -> list[str]:
     return problems
 
 
-# Fields added in version 2 (gpu_timeline) or later within it (the throughput): files
-# written before lack them.
+# Fields added after the first files of this version's layout were written (the GPU
+# timeline, the throughput, the variable-length case): the published results lack some.
 _ADDED_FIELDS = frozenset({"gpu_timeline", "throughput", "throughput_unit", "units_per_step", "varlen"})
 
 

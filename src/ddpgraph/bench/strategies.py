@@ -17,9 +17,6 @@ on the same batches; they differ only in how the step is executed. The names are
   default mode (which makes no graphs of its own) and the whole step captured around it.
 * `partial`: the model's collective-free parts graphed (forward and backward), DDP's
   all-reduces and the optimizer eager.
-
-The benchmark's former names `capture_step` and `capture_step+compile` (`whole`,
-`compile`) are accepted on the command line (`registry.select`).
 """
 
 from __future__ import annotations

@@ -4,9 +4,7 @@ outputs back).
 
 Shared by the captured training step and the captured evaluation. What happens to a call
 the recording cannot serve, and to a capture that is given up, is `fallback.py`'s; the
-eager call itself is `eager_call.py`'s. The names that moved there (`run_eager_call`,
-`OnFailure`, `UnservedCalls`, `check_policies`, `fall_back`) are re-exported here, the
-`as` imports below, for code that imports them from this path.
+eager call itself is `eager_call.py`'s.
 """
 
 from __future__ import annotations
@@ -17,11 +15,6 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..backends.graph import CapturedGraph
-from ..cycle.eager_call import run_eager_call as run_eager_call
-from ..cycle.fallback import OnFailure as OnFailure
-from ..cycle.fallback import UnservedCalls as UnservedCalls
-from ..cycle.fallback import check_policies as check_policies
-from ..cycle.fallback import fall_back as fall_back
 from ..findings import Code, Finding, input_change_fix
 from .arguments import Signature, StaticInputs
 

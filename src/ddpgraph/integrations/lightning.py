@@ -1,6 +1,8 @@
 """PyTorch Lightning: capture the whole `optimizer_step` of a `Trainer(strategy="ddp")` run.
 
-    trainer = L.Trainer(strategy="ddp", callbacks=[ddpgraph.lightning.CUDAGraphCallback()])
+    from ddpgraph.integrations.lightning import CUDAGraphCallback
+
+    trainer = L.Trainer(strategy="ddp", callbacks=[CUDAGraphCallback()])
 
 In automatic optimization Lightning calls `LightningModule.optimizer_step(epoch,
 batch_idx, optimizer, closure)` once per batch, and the closure runs `training_step`,
@@ -40,18 +42,19 @@ from lightning.pytorch.plugins.precision import (
 )
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
+from typing_extensions import Unpack
 
 from ..agreement.agree import Outcome, agree
-from ..backends.graph import GraphBackend
 from ..capture import CapturedStep, StepState, StepStats, capture_step
 from ..cycle.fallback import OnFailure, fall_back
 from ..ddp.build import model_device
 from ..ddp.distributed import current_rank
 from ..findings import Code, Finding
+from ..options import CaptureOptions, CaptureSettings, merge_settings
 
 __all__ = ["CUDAGraphCallback", "lightning_refusal"]
 
-_SUBJECT = "`ddpgraph.lightning.CUDAGraphCallback`"
+_SUBJECT = "`ddpgraph.integrations.lightning.CUDAGraphCallback`"
 _CAPTURABLE_PRECISION = (Precision, MixedPrecision, HalfPrecision, DoublePrecision)
 
 
@@ -136,23 +139,20 @@ class CUDAGraphCallback(pl.Callback):
     """Capture Lightning's whole training step (forward, backward with DDP's all-reduce,
     optimizer step) as one CUDA graph after DDP's warm-up, and replay it.
 
-    Arguments are those of `ddpgraph.capture_step`: `warmup_steps`, `on_failure`
-    ("eager" or "raise"), and `backend` (`ddpgraph.PassThroughBackend()` runs the whole
-    path on CPU). `state`, `reason` and `stats` are `capture_step`'s (`StepState`, a
+    Takes the capture settings of `ddpgraph.capture_step`, as `options=` (a
+    `ddpgraph.CaptureOptions`) or keywords: `warmup_steps`, `on_failure` ("eager" or
+    "raise"), `backend` (`ddpgraph.PassThroughBackend()` runs the whole path on CPU) and
+    the others; `clone_outputs` is always True, as Lightning keeps the loss past the next
+    step. `state`, `reason` and `stats` are `capture_step`'s (`StepState`, a
     finding, `StepStats`), during training and after it: `stats` counts every optimizer
     step, also those that ran eagerly because the callback refused (no GPU, say).
     """
 
-    def __init__(
-        self,
-        *,
-        warmup_steps: int | None = None,
-        on_failure: OnFailure = "eager",
-        backend: GraphBackend | None = None,
-    ) -> None:
-        self._warmup_steps = warmup_steps
-        self._on_failure: OnFailure = on_failure
-        self._backend = backend
+    def __init__(self, *, options: CaptureOptions | None = None, **settings: Unpack[CaptureSettings]) -> None:
+        # The loss and extras outlive the next replay in Lightning: outputs are always cloned.
+        merged = merge_settings("CUDAGraphCallback", options, settings)
+        self._options = dataclasses.replace(merged, clone_outputs=True)
+        self._on_failure: OnFailure = merged.on_failure
         self._step: CapturedStep[Any] | None = None
         self._module: pl.LightningModule | None = None
         self._original: Callable[..., Any] | None = None
@@ -202,10 +202,7 @@ class CUDAGraphCallback(pl.Callback):
             self._run,
             model=trainer.strategy.model,  # type: ignore[arg-type]
             optimizer=trainer.optimizers[0],
-            warmup_steps=self._warmup_steps,
-            on_failure=self._on_failure,
-            backend=self._backend,
-            clone_outputs=True,  # the loss and extras outlive the next replay in Lightning
+            options=self._options,
         )
         if self._step.state is StepState.EAGER:  # refused (no GPU, say): it said why
             self.reason = self._step.reason

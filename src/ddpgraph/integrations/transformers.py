@@ -1,6 +1,8 @@
 """transformers: capture each optimizer update of `Trainer.train()` as one CUDA graph.
 
-    trainer = ddpgraph.transformers.CUDAGraphTrainer(model=model, args=args, train_dataset=data)
+    from ddpgraph.integrations.transformers import CUDAGraphTrainer
+
+    trainer = CUDAGraphTrainer(model=model, args=args, train_dataset=data)
     trainer.train()
     print(trainer.graphs.state, trainer.graphs.reason, trainer.graphs.stats)
 
@@ -32,6 +34,7 @@ update runs at warm-up and capture only: a `compute_loss` override branching on
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -46,12 +49,15 @@ from ..capture import CapturedStep, StepState, capture_step
 from ..cycle.fallback import OnFailure, fall_back
 from ..ddp.build import model_device, process_group_of
 from ..ddp.distributed import current_rank
-from ..options import CaptureOptions
+from ..options import CaptureOptions, merge_settings
 from ..strategies.base import Reason, TrainStep
 from ..strategies.dynamo import is_compiled_module, unwrap_compiled
+from .transformers_reference import GraphSafeReference
 from .transformers_setup import SUBJECT, trainer_refusal
 
-__all__ = ["CUDAGraphTrainer", "TrainerGraphs", "trainer_refusal"]
+# `GraphSafeReference`, the eager reference of a `CUDAGraphTrainer` run, is defined beside
+# it and imported from here with it: one import path for the integration.
+__all__ = ["CUDAGraphTrainer", "GraphSafeReference", "TrainerGraphs", "trainer_refusal"]
 
 Update = Callable[[dict[str, Any], Any], tuple[torch.Tensor, Any]]
 
@@ -61,10 +67,10 @@ class TrainerGraphs:
     (a finding with a code, None while all is well) and `stats` (those of
     `CapturedStep.stats`, kept after training)."""
 
-    def __init__(self, *, warmup_steps: int | None, on_failure: OnFailure, backend: GraphBackend | None) -> None:
-        self._warmup_steps = warmup_steps
-        self._on_failure: OnFailure = on_failure
-        self._backend = backend
+    def __init__(self, options: CaptureOptions) -> None:
+        # Trainer keeps the loss and the norm past the next update: outputs are always cloned.
+        self._options = dataclasses.replace(options, clone_outputs=True)
+        self._on_failure: OnFailure = options.on_failure
         self.reason: Reason | None = None
         self.stats: dict[str, Any] = {}
         self._step: CapturedStep[Any] | TrainStep[Any] | None = None
@@ -104,9 +110,7 @@ class TrainerGraphs:
             fall_back(self.reason, self._on_failure, continues="Trainer trains eagerly.", stacklevel=4)
             return False
         step = capture_step(
-            update, model=model, optimizer=trainer.optimizer, warmup_steps=self._warmup_steps,
-            on_failure=self._on_failure, backend=self._backend,
-            clone_outputs=True,  # Trainer keeps the loss and the norm past the next update
+            update, model=model, optimizer=trainer.optimizer, options=self._options,
             compile=is_compiled_module(model),
         )
         if step.state is StepState.EAGER:  # refused by capture_step (no GPU, say): it said why
@@ -178,9 +182,11 @@ class CUDAGraphTrainer(Trainer):
     gradient clipping, optimizer step) are captured as one CUDA graph after DDP's
     warm-up and replayed.
 
-    Takes Trainer's arguments, and `ddpgraph.capture_step`'s `backend`, `on_failure`
-    and `capture_warmup_steps` (its `warmup_steps`, named apart from the learning-rate
-    warm-up of `TrainingArguments`). `trainer.graphs` says what happened.
+    Takes Trainer's arguments, and the capture settings of `ddpgraph.capture_step`:
+    all of them as `capture_options` (a `ddpgraph.CaptureOptions`; `clone_outputs` is
+    always True), or `backend`, `on_failure` and `capture_warmup_steps` (its
+    `warmup_steps`, named apart from the learning-rate warm-up of `TrainingArguments`)
+    as keywords. `trainer.graphs` says what happened.
     """
 
     def __init__(
@@ -189,11 +195,17 @@ class CUDAGraphTrainer(Trainer):
         backend: GraphBackend | None = None,
         on_failure: OnFailure = "eager",
         capture_warmup_steps: int | None = None,
+        capture_options: CaptureOptions | None = None,
         **kwargs: Any,
     ) -> None:
-        # Before Trainer builds anything: a wrong value is an error before any work.
-        CaptureOptions(warmup_steps=capture_warmup_steps, on_failure=on_failure, backend=backend).check(SUBJECT.strip("`"))
-        self.graphs = TrainerGraphs(warmup_steps=capture_warmup_steps, on_failure=on_failure, backend=backend)
+        # Before Trainer builds anything: a wrong value is an error before any work. The
+        # keywords count as given where they differ from their defaults.
+        given = {"backend": backend, "on_failure": on_failure, "warmup_steps": capture_warmup_steps}
+        defaults = {"backend": None, "on_failure": "eager", "warmup_steps": None}
+        settings = {k: v for k, v in given.items() if v != defaults[k]} if capture_options is not None else given
+        options = merge_settings(SUBJECT.strip("`"), capture_options, settings)
+        options.check(SUBJECT.strip("`"))
+        self.graphs = TrainerGraphs(options)
         super().__init__(*args, **kwargs)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:

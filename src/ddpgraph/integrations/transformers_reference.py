@@ -8,7 +8,9 @@ what the kernel changed, compare a `CUDAGraphTrainer` run with the same run of p
 Trainer and this callback: they do the same arithmetic.
 
     trainer = Trainer(model=model, args=args, train_dataset=data,
-                      callbacks=[ddpgraph.transformers.GraphSafeReference()])
+                      callbacks=[GraphSafeReference()])
+
+(`from ddpgraph.integrations.transformers import GraphSafeReference`)
 """
 
 from __future__ import annotations

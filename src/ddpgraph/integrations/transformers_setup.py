@@ -21,7 +21,7 @@ from ..strategies.dynamo import GRAPH_MODES, is_compiled_module, makes_graphs, u
 
 __all__ = ["SUBJECT", "trainer_refusal"]
 
-SUBJECT = "`ddpgraph.transformers.CUDAGraphTrainer`"
+SUBJECT = "`ddpgraph.integrations.transformers.CUDAGraphTrainer`"
 # Accelerate's kinds of training a DDP step (or a single device) covers.
 _DDP_KINDS = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
 # The methods of Trainer's loop the captured update answers (transformers 5.x; earlier

@@ -10,10 +10,8 @@ trains like eager. docs/strategies.md says when to use which; `names` holds the 
 which `ddpgraph bench` uses for its rows too.
 """
 
-# `capture_step(..., compile=True)` builds its step through the builder this registers.
-from . import compile_switch as compile_switch
 from .auto import AutoStep
-from .base import CaptureOptions, TrainStep
+from .base import TrainStep
 from .compiled import CompiledStep
 from .dynamo import CompileSpec
 from .eager import EagerStep
@@ -30,7 +28,6 @@ __all__ = [
     "STRATEGY_NAMES",
     "AutoStep",
     "Candidate",
-    "CaptureOptions",
     "CompileSpec",
     "CompiledStep",
     "EagerStep",

@@ -20,8 +20,7 @@ from ..ddp import build as ddp_tools
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
 from ..inputs.arguments import StaticInputs, flatten_call
-from ..options import CaptureOptions as CaptureOptions  # re-exported: the strategies take it
-from .names import STRATEGY_NAMES as STRATEGY_NAMES  # re-exported: the strategies read them here
+from .names import STRATEGY_NAMES as STRATEGY_NAMES
 from .names import StrategyName as StrategyName
 from .selection import SelectionReport
 

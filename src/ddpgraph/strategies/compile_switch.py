@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from torch import nn
 from torch.optim import Optimizer
 
-from ..compile_route import register_compiled
 from ..errors import usage_error
-from .base import CaptureOptions, R
+from ..options import CaptureOptions
+from .base import R
 from .compiled import CompiledStep
 from .dynamo import CompileSpec
 
@@ -47,5 +47,3 @@ def capture_compiled(
         )
     return CompiledStep(fn, model=model, optimizers=optimizers, spec=SPEC, options=options)
 
-
-register_compiled(capture_compiled)

@@ -52,7 +52,8 @@ from ..ddp.distributed import current_rank
 from ..ddp.warmup import default_warmup_steps
 from ..errors import DdpGraphWarning, usage_error
 from ..findings import Code, Finding
-from .base import CaptureOptions, R, Reason, StepBase, like_static_inputs
+from ..options import CaptureOptions
+from .base import R, Reason, StepBase, like_static_inputs
 from .dynamo import (
     CompileSpec,
     InPlaceCompile,
@@ -235,7 +236,7 @@ class CompiledStep(StepBase[R]):
     def _new_core(self) -> CapturedStep[R]:
         """A captured step held in warm-up (it neither probes nor captures) until the
         settling is over and `release` says how much warm-up is still owed."""
-        core = CapturedStep(self._watched, model=self._target, optimizers=self._optimizers, options=self._options.resolved("make_step"))
+        core = CapturedStep(self._watched, model=self._target, optimizers=self._optimizers, options=self._options)
         core.hold()
         return core
 

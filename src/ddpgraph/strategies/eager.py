@@ -12,7 +12,8 @@ from typing import Any
 from torch import nn
 
 from ..ddp import build as ddp_tools
-from .base import CaptureOptions, R, StepBase, run_eager
+from ..options import CaptureOptions
+from .base import R, StepBase, run_eager
 
 SUMMARY = "the step as written: eager DDP, nothing recorded or compiled"
 

@@ -38,18 +38,18 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from typing_extensions import Unpack
 
 from ..agreement.agree import Action, Outcome
-from ..backends.graph import CudaGraphBackend, GraphBackend
+from ..backends.graph import CudaGraphBackend
 from ..cycle.engine import CaptureEngine
-from ..cycle.fallback import OnFailure
 from ..cycle.step_record import Captured, Report, StepState, has_peers
 from ..ddp.distributed import current_rank
 from ..ddp.streams import can_run_graphs, capture_stream
 from ..errors import usage_error
 from ..findings import Code, Finding
 from ..inputs.arguments import StaticInputs, check_supported
-from ..options import CaptureOptions
+from ..options import EVAL_SETTING_NAMES, CaptureOptions, EvalSettings, merge_settings
 from ..probe.syncs import host_sync_probe
 from .dynamo import compile_count
 
@@ -214,13 +214,8 @@ def capture_eval(
     *,
     model: nn.Module,
     training_step: Any = None,
-    pool: Any = None,
-    warmup_steps: int = 2,
-    on_failure: OnFailure = "eager",
-    on_input_change: OnFailure = "eager",
-    clone_outputs: bool | None = None,
-    stream: torch.cuda.Stream | None = None,
-    backend: GraphBackend | None = None,
+    options: CaptureOptions | None = None,
+    **settings: Unpack[EvalSettings],
 ) -> CapturedEval[R]:
     """Capture the evaluation `fn` (forward only: model in eval mode, no gradients) as a
     CUDA graph and replay it on later calls.
@@ -233,22 +228,30 @@ def capture_eval(
         training_step: the captured training step of the same model, if any: with a
             shared pool, the evaluation waits for its capture and is captured again
             when it is.
-        pool: the graph memory pool to record into (the one given to
-            `capture_step(pool=...)`); None: a pool of its own.
-        warmup_steps: eager calls before capture (at least 1; the last one looks for
-            host synchronisations); a call in which torch.compile compiled adds one.
-        on_failure, on_input_change: as in `capture_step`.
-        clone_outputs: return clones of the graph's outputs; None (default): only when
-            the pool is shared, as a training replay may overwrite them.
-        stream, backend: as in `capture_step`.
+        options, **settings: as in `capture_step`, of the settings `EvalSettings` names:
+            `pool` is the graph memory pool to record into (the one given to
+            `capture_step(pool=...)`; None: a pool of its own); `warmup_steps` the eager
+            calls before capture (default 2, at least 1; the last one looks for host
+            synchronisations; a call in which torch.compile compiled adds one);
+            `clone_outputs` None (default) clones only when the pool is shared, as a
+            training replay may overwrite them (with `options=`, a shared pool clones
+            whatever `options.clone_outputs` says).
     """
     if not callable(fn):
         raise usage_error("`capture_eval(fn)`", f"expected a callable, got {type(fn).__name__}", "pass the evaluation function")
     if not isinstance(model, nn.Module):
         raise usage_error("`capture_eval(model=...)`", f"expected a torch.nn.Module, got {type(model).__name__}", "pass the model `fn` evaluates")
+    given = dict(settings)
+    clone_outputs = given.pop("clone_outputs", None)
+    if options is not None and clone_outputs is not None:
+        given["clone_outputs"] = clone_outputs  # checked against `options.clone_outputs`
+    merged = merge_settings("capture_eval", options, given, EVAL_SETTING_NAMES)
+    warmup_steps = merged.warmup_steps if merged.warmup_steps is not None else 2
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
         raise usage_error("`capture_eval(warmup_steps=...)`", f"expected an int >= 1, got {warmup_steps!r}", "leave it out for the default (2)")
-    options = CaptureOptions(warmup_steps, on_failure, on_input_change, False, stream, pool, backend)
-    options.check("capture_eval")
-    clone = clone_outputs if clone_outputs is not None else (pool is not None or getattr(training_step, "pool", None) is not None)
-    return CapturedEval(fn, model=model, training_step=training_step, options=replace(options, clone_outputs=bool(clone)))
+    merged = replace(merged, warmup_steps=warmup_steps, clone_outputs=False)
+    merged.check("capture_eval")
+    shared = merged.pool is not None or getattr(training_step, "pool", None) is not None
+    if clone_outputs is None:
+        clone_outputs = shared or (options is not None and options.clone_outputs)
+    return CapturedEval(fn, model=model, training_step=training_step, options=replace(merged, clone_outputs=bool(clone_outputs)))

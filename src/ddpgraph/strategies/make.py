@@ -2,31 +2,29 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import Unpack
 
-from ..backends.graph import GraphBackend
 from ..capture import as_optimizers, capture_step
-from ..cycle.fallback import OnFailure
 from ..ddp import build as ddp_tools
 from ..ddp.streams import can_run_graphs
 from ..errors import DdpGraphError, DdpGraphUsageError, usage_error
 from ..findings import Code, Finding
 from ..optimizer.graph_safe import graph_safe_optimizer
+from ..options import CaptureOptions, CaptureSettings, merge_settings
 from .auto import AutoStep
-from .base import CaptureOptions, R, TrainStep
+from .base import R, TrainStep
 from .compiled import CompiledStep
 from .dynamo import CompileSpec, fusion_spec, is_compiled_module, unwrap_compiled
 from .eager import SUMMARY as EAGER_SUMMARY
 from .eager import EagerStep
 from .names import STRATEGY_NAMES, StrategyName, hint_for_unknown
-from .partial import DEFAULT_TOLERANCE, Grapher
+from .partial import DEFAULT_TOLERANCE, stand_in_grapher
 from .partial_step import SUMMARY as PARTIAL_SUMMARY
 from .partial_step import PartialStep
 from .reduce_overhead import SUMMARY as REDUCE_OVERHEAD_SUMMARY
@@ -70,16 +68,8 @@ def make_step(
     min_speedup: float = 1.03,
     trial_settings: TrialSettings | None = None,
     stateful: Sequence[Any] = (),
-    warmup_steps: int | None = None,
-    on_failure: OnFailure = "eager",
-    on_input_change: OnFailure = "eager",
-    clone_outputs: bool = False,
-    stream: torch.cuda.Stream | None = None,
-    pool: Any = None,
-    backend: GraphBackend | None = None,
-    capture_kwargs: Mapping[str, Any] | None = None,
-    grapher: Grapher | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    options: CaptureOptions | None = None,
+    **settings: Unpack[CaptureSettings],
 ) -> TrainStep[R]:
     """Run the training step `fn` with one strategy, or let ddpgraph pick one.
 
@@ -103,13 +93,25 @@ def make_step(
             `min_speedup` times faster than a simpler correct one to win over it.
 
     Every strategy returns an object called like `fn`, with `state`, `reason`, `stats`,
-    `close()` and the context manager. `warmup_steps`, `on_failure`, `on_input_change`,
-    `clone_outputs`, `stream`, `pool`, `backend` and `capture_kwargs` are passed to
-    `capture_step` by the strategies that capture. `stateful` lists objects with
-    `state_dict()`/`load_state_dict()` that `fn` itself changes (restored after the
-    trials of "auto"). `grapher` and `clock` replace CUDA graphing of submodules and
-    the timer, for tests without a GPU.
+    `close()` and the context manager. `options` (a `CaptureOptions`) or the same settings
+    as keywords (`warmup_steps=3`, as `capture_step` takes them) go to the strategies that
+    capture; the others read only what applies to them (the stream). `stateful` lists
+    objects with `state_dict()`/`load_state_dict()` that `fn` itself changes (restored
+    after the trials of "auto").
     """
+    _check_call(fn, model, strategy)
+    try:
+        optimizers = as_optimizers(optimizer)
+    except DdpGraphUsageError as err:
+        raise usage_error("`make_step(optimizer=...)`", err.finding.happened, err.finding.hint) from None
+    merged = merge_settings("make_step", options, settings)
+    builders = _Builders(fn, model, optimizers, merged, compile_mode, compile_backend, graph_modules)
+    if strategy == "auto":
+        return builders.auto(candidates, budget_s, min_speedup, trial_settings, stateful)
+    return builders.build(strategy)
+
+
+def _check_call(fn: object, model: object, strategy: object) -> None:
     if not callable(fn):
         raise usage_error("`make_step(fn)`", f"expected a callable, got {type(fn).__name__}", "pass the training-step function")
     if not isinstance(model, nn.Module):
@@ -124,17 +126,6 @@ def make_step(
             f"expected one of {', '.join(map(repr, STRATEGY_NAMES))}, got {strategy!r}",
             hint_for_unknown(strategy),
         )
-    try:
-        optimizers = as_optimizers(optimizer)
-    except DdpGraphUsageError as err:
-        raise usage_error("`make_step(optimizer=...)`", err.finding.happened, err.finding.hint) from None
-    options = CaptureOptions(
-        warmup_steps, on_failure, on_input_change, clone_outputs, stream, pool, backend, dict(capture_kwargs or {})
-    )
-    builders = _Builders(fn, model, optimizers, options, compile_mode, compile_backend, graph_modules, grapher)
-    if strategy == "auto":
-        return builders.auto(candidates, budget_s, min_speedup, trial_settings, stateful, clock)
-    return builders.build(strategy)
 
 
 class _Builders:
@@ -149,7 +140,6 @@ class _Builders:
         compile_mode: str | None,
         compile_backend: str,
         graph_modules: Sequence[str] | None,
-        grapher: Grapher | None,
     ) -> None:
         self.fn = fn
         self.model = model
@@ -159,7 +149,6 @@ class _Builders:
         self.options = options
         self.spec: CompileSpec = fusion_spec(compile_mode, compile_backend, "`make_step(compile_mode=...)`")
         self.graph_modules = graph_modules
-        self.grapher = grapher
         self.device = ddp_tools.model_device(self.target)
 
     def build(self, name: str) -> TrainStep[Any]:
@@ -168,7 +157,7 @@ class _Builders:
         if name == "compile" or (name == "whole" and self.compiled_given):
             return CompiledStep(self.fn, model=self.model, optimizers=self.optimizers, spec=self.spec, options=self.options)
         if name == "whole":
-            return capture_step(self.fn, model=self.target, optimizer=self.optimizers, **self.options.kwargs())
+            return capture_step(self.fn, model=self.target, optimizer=self.optimizers, options=self.options)
         if self.compiled_given:
             raise usage_error(
                 f"`make_step(strategy={name!r})`",
@@ -183,7 +172,6 @@ class _Builders:
                 options=self.options,
                 names=self.graph_modules,
                 tolerance=DEFAULT_TOLERANCE,
-                grapher=self.grapher,
             )
         if name == "reduce-overhead":
             return ReduceOverheadStep(self.fn, model=self.target, options=self.options)
@@ -196,7 +184,6 @@ class _Builders:
         min_speedup: float,
         settings: TrialSettings | None,
         stateful: Sequence[Any],
-        clock: Callable[[], float],
     ) -> AutoStep[Any]:
         wanted = list(dict.fromkeys(["eager", *(names or DEFAULT_CANDIDATES)]))
         bad = [n for n in wanted if n not in STRATEGY_NAMES or n == "auto"]
@@ -219,7 +206,6 @@ class _Builders:
             budget_s=float(budget_s),
             min_speedup=min_speedup,
             settings=settings,
-            clock=clock,
         )
 
     def _candidate(self, name: str, unavailable: Finding | None) -> Candidate:
@@ -235,7 +221,7 @@ class _Builders:
         no_cuda = Finding(Code.NO_CUDA, f"needs CUDA graphs, and the model is on {self.device}")
         if not capture:
             out["whole"] = out["compile"] = no_cuda
-        if not cuda and self.grapher is None:
+        if not cuda and stand_in_grapher() is None:
             out["partial"] = no_cuda
         if not cuda:
             out["reduce-overhead"] = no_cuda

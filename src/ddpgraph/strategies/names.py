@@ -19,7 +19,6 @@ and two rows only the benchmark runs, as references `make_step` does not offer:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Literal, get_args
 
 StrategyName = Literal["whole", "partial", "compile", "reduce-overhead", "eager", "auto"]
@@ -40,26 +39,8 @@ RUNS: dict[str, str] = {
     "recipe": "PyTorch's hand-written capture",
 }
 
-# The benchmark's names for two `make_step` strategies before the vocabulary was shared.
-# Old `compile` is not among them: on the command line `compile` now is make_step's
-# `compile`; in a result file of an earlier schema version it was plain torch.compile,
-# which `bench/schema.py` maps by the file's version.
-FORMER_BENCH_NAMES: dict[str, StrategyName] = {
-    "capture_step": "whole",
-    "capture_step+compile": "compile",
-}
-
-
-def current_names(names: Sequence[str]) -> list[str]:
-    """`names` with each former bench name replaced by make_step's."""
-    return [FORMER_BENCH_NAMES.get(n, n) for n in names]
-
-
 def hint_for_unknown(name: object) -> str:
     """The fix to suggest when `make_step` is given `name`, which is not one of its own."""
-    if isinstance(name, str) and name in FORMER_BENCH_NAMES:
-        new = FORMER_BENCH_NAMES[name]
-        return f"`ddpgraph bench` once called it {name!r}; make_step's name is strategy={new!r}"
     if isinstance(name, str) and name in BENCH_ONLY_NAMES:
         return f"{name!r} ({RUNS[name]}) is a reference row of `ddpgraph bench`, not a make_step strategy"
     return "use strategy='auto' to let ddpgraph measure and choose"

@@ -6,7 +6,9 @@ collective and no synchronisation can still be recorded, each as a forward graph
 backward graph (`torch.cuda.make_graphed_callables`). The step itself stays eager: DDP's
 gradient hooks, its all-reduces and the optimizer step run as usual, between graphs.
 
-    model = ddpgraph.graph_submodules(model, (sample_x,), amp_dtype=torch.bfloat16)
+    from ddpgraph.strategies.partial import graph_submodules
+
+    model = graph_submodules(model, (sample_x,), amp_dtype=torch.bfloat16)
     ddp = ddpgraph.prepare_ddp(model)
 
 `graph_submodules` runs one forward of the model on the sample arguments to learn what
@@ -75,6 +77,17 @@ DEFAULT_TOLERANCE = 1e-3
 
 
 MAX_ATTEMPTS = 64
+
+
+# What records a submodule in place of `cuda_grapher`, for tests without a GPU: with one
+# set, a model on the CPU is graphed by it. Tests set it with `monkeypatch.setattr`; no
+# public function takes it.
+_STAND_IN_GRAPHER: Grapher | None = None
+
+
+def stand_in_grapher() -> Grapher | None:
+    """The stand-in grapher tests installed, or None: `torch.cuda.make_graphed_callables`."""
+    return _STAND_IN_GRAPHER
 
 
 def cuda_grapher(module: nn.Module, sample_args: tuple[torch.Tensor, ...]) -> None:
@@ -242,7 +255,6 @@ def graph_submodules(
     names: Sequence[str] | None = None,
     amp_dtype: torch.dtype | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
-    grapher: Grapher | None = None,
 ) -> nn.Module:
     """Graph submodules of `model` (forward and backward each as CUDA graphs) and return
     `model`, changed in place. Call it on every rank, before wrapping the model in DDP
@@ -262,7 +274,6 @@ def graph_submodules(
             over norm, for outputs, gradients and buffers together) a graphed submodule
             may have on the sample; graphs replay the same kernels, so a real fault
             shows as a difference of order one.
-        grapher: what records a submodule; None is `torch.cuda.make_graphed_callables`.
 
     The sample forward, the graphing and its checks leave parameters, buffers (batch-norm
     statistics) and RNG states as they were. `partial_report(model)` says what was
@@ -286,6 +297,7 @@ def graph_submodules(
             "print `[n for n, _ in model.named_modules()]` to see them ('' is the whole model)",
         )
     device = model_device(root)
+    grapher = stand_in_grapher()
     if grapher is None and not can_run_graphs(device):
         raise usage_error(
             "`graph_submodules(model)`",
@@ -296,7 +308,7 @@ def graph_submodules(
         raise usage_error(
             "`graph_submodules(model)`",
             "this model's submodules are already graphed",
-            "call `ddpgraph.ungraph_submodules(model)` first to graph it differently",
+            "call `ddpgraph.strategies.partial.ungraph_submodules(model)` first to graph it differently",
         )
     records = record_forward(root, sample_args, sample_kwargs or {}, amp_dtype)
     group = process_group_of(model)

@@ -22,8 +22,9 @@ from ..ddp.build import inner_module, process_group_of
 from ..ddp.streams import can_run_graphs
 from ..errors import usage_error
 from ..findings import Code, Finding
-from .base import CaptureOptions, R, StepBase, run_eager
-from .partial import DEFAULT_TOLERANCE, Grapher, graph_recorded, partial_report
+from ..options import CaptureOptions
+from .base import R, StepBase, run_eager
+from .partial import DEFAULT_TOLERANCE, graph_recorded, partial_report, stand_in_grapher
 from .partial_graphed import PartialGraphs, PartialReport
 from .partial_record import record_step
 
@@ -44,7 +45,6 @@ class PartialStep(StepBase[R]):
         options: CaptureOptions,
         names: Sequence[str] | None = None,
         tolerance: float = DEFAULT_TOLERANCE,
-        grapher: Grapher | None = None,
     ) -> None:
         super().__init__()
         self._fn = fn
@@ -54,7 +54,8 @@ class PartialStep(StepBase[R]):
         self._stream = options.step_stream(model)
         self._names = list(names) if names is not None else None
         self._tolerance = tolerance
-        self._grapher = grapher
+        # Read once, as the step is built: the one the first call graphs with.
+        self._grapher = stand_in_grapher()
         self._graphs: PartialGraphs | None = None
         known = dict(self._root.named_modules())
         unknown = [n for n in self._names or () if n not in known]
@@ -68,7 +69,7 @@ class PartialStep(StepBase[R]):
         on_cuda = can_run_graphs(self._device)
         if existing is not None:
             self._settle_state(existing)
-        elif not on_cuda and grapher is None:
+        elif not on_cuda and self._grapher is None:
             self._reason = Finding(
                 Code.NO_CUDA,
                 f"submodules are graphed with CUDA graphs and the model is on {self._device}; "

@@ -20,7 +20,8 @@ from torch import nn
 from ..ddp import build as ddp_tools
 from ..ddp.streams import can_run_graphs
 from ..findings import Code, Finding
-from .base import CaptureOptions, R, StepBase, run_eager
+from ..options import CaptureOptions
+from .base import R, StepBase, run_eager
 from .dynamo import CompileSpec, InPlaceCompile
 
 SUMMARY = (
