@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 from torch import nn
@@ -42,10 +42,9 @@ from ..family.graphs import GraphFamily, shared_pool
 from ..findings import Code, Finding
 from ..inputs.arguments import flatten_call
 from ..options import CaptureOptions
-from .attempt import hold, raise_agreed, record_attempt
+from .attempt import CaptureAttempts
 from .eager_call import GivenCall, run_eager_call
 from .fallback import UnservedCalls, awaiting_decision, capture_again, fall_back
-from .policy_hooks import PolicyHooks
 from .step_record import Captured, Report, StepState, StepStats
 
 log = logging.getLogger("ddpgraph")
@@ -53,7 +52,7 @@ R = TypeVar("R")
 _Self = TypeVar("_Self", bound="CaptureEngine[Any]")
 
 
-class CaptureEngine(PolicyHooks[R]):
+class CaptureEngine(CaptureAttempts[R]):
     """States, stats, the decision point and the transitions; the step adds its policy
     by overriding the `_policy_*` methods of `PolicyHooks`."""
 
@@ -259,7 +258,7 @@ class CaptureEngine(PolicyHooks[R]):
         call's step) or put everything back and continue eagerly, on every rank."""
         buffer_sync = ddp_tools.will_sync_buffers(self._model)
         restore_forward_sync = ddp_tools.keep_forward_sync(self._model)
-        attempt = record_attempt(self, leaves, spec, self._options.pool)
+        attempt = self._capture_attempt(leaves, spec, self._options.pool)
         graph, outcome = attempt.graph, attempt.outcome
         if graph is not None:
             problem = self._policy_recording_problem()
@@ -269,7 +268,7 @@ class CaptureEngine(PolicyHooks[R]):
             assert self._backend is not None
             if self._backend.executes_during_capture:
                 attempt.after_stand_in()
-            self._record = hold(self, attempt, buffer_sync, args, kwargs, leaves, spec)
+            self._record = self._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
             self._policy_captured()
             self._state = StepState.CAPTURED
             self._since_decision = 0
@@ -284,7 +283,7 @@ class CaptureEngine(PolicyHooks[R]):
             ddp_tools.reset_reducer(self._model)
         attempt.after_failure()
         if decision.step_raised:
-            raise_agreed(self, decision, attempt.raised)
+            self._raise_agreed(decision, attempt.raised)
         self._give_up(self._summarise(decision))
         self.stats.eager_steps += 1
         return self._eager(leaves, spec)
@@ -298,6 +297,21 @@ class CaptureEngine(PolicyHooks[R]):
     def _summarise(self, decision: Decision) -> Finding:
         self._findings = decision.findings
         return decision.summary()
+
+    def _raise_agreed(self, decision: Decision, raised: BaseException | None) -> NoReturn:
+        """The step raised while it was recorded, on some rank (the recording is undone): every
+        rank raises on this call, the rank whose step raised its own exception, as its eager
+        step would have, the others the finding that names it (none waits for it in a
+        collective). The next call records again, unless a reducer had to be reset: its next
+        steps rebuild buckets, which no graph can hold, so the step runs eagerly from then on."""
+        summary = self._summarise(decision)
+        if decision.reducer_needs_reset:
+            self._reason = summary
+            self._state = StepState.EAGER
+            self._drop_record()
+        if raised is not None:
+            raise raised
+        raise DdpGraphError(summary)
 
     def _give_up(self, finding: Finding, *, warn: bool = True) -> None:
         self._reason = finding
