@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
-from ..agreement.agree import Action, Outcome
+from ..agreement.agree import Action, Decision, Outcome
 from ..backends.choice import choose_backend, needs_adoption
 from ..backends.graph import CudaGraphBackend
 from ..backends.rng import generators_refusal
@@ -88,8 +88,37 @@ class CapturedStep(CheckedCalls[R]):
         self._library_syncs: list[Finding] = []
         self._watchdog: ReplayWatchdog | None = None
         self._watch_values(fn)
-        # Everything that can be wrong on one rank only is found before the agreement,
-        # and nothing is changed before it: a usage error makes every rank raise.
+        usage, refusal = self._refusal_here(model, optimizers, options)
+        found = [f for f in (usage, refusal) if f is not None]
+        decision = self._decide(
+            Outcome(current_rank(), not found, found, usage_error=usage is not None, warmup_steps=self._capture_after)
+        )
+        if decision.usage_error:
+            self._state = StepState.CLOSED
+            raise DdpGraphUsageError(self._summarise(decision))
+        if not decision.ok:
+            summary = self._summarise(decision)
+            self._give_up(summary, warn=summary.code is not Code.NO_CUDA)
+        else:
+            outcome = self._adopt(model, decision)
+            if not outcome.ok:
+                self._give_up(self._summarise(outcome))
+            self._capture_after = max(o.warmup_steps for o in outcome.outcomes)
+            self._setup_refusal = self._optim.prepare()
+        self._install_load_hooks()
+        # Last: it registers `close` to run at interpreter exit, before the process group goes.
+        self._watchdog = watch_replays(
+            options.replay_timeout, options.on_replay_timeout, step_name=getattr(fn, "__qualname__", "step"),
+            group=ddp_tools.process_group_of(model), device=self._device, close=self.close,
+        )
+        self._peers = self._watchdog.board.describe_others
+
+    def _refusal_here(
+        self, model: nn.Module, optimizers: Optimizer | Sequence[Optimizer] | None, options: CaptureOptions
+    ) -> tuple[Finding | None, Finding | None]:
+        """This rank's usage error and refusal, if any, with the optimizers and backend set.
+        Everything that can be wrong on one rank only is found before the agreement,
+        and nothing is changed before it: a usage error makes every rank raise."""
         usage = refusal = wrapper_refusal = None
         try:
             options.check()
@@ -104,42 +133,24 @@ class CapturedStep(CheckedCalls[R]):
             refusal = refusal or wrapper_refusal or self._optim.refusal(python_replays=python_replays)
         except DdpGraphUsageError as err:
             usage = err.finding
-        found = [f for f in (usage, refusal) if f is not None]
-        decision = self._decide(
-            Outcome(current_rank(), not found, found, usage_error=usage is not None, warmup_steps=self._capture_after)
-        )
-        if decision.usage_error:
-            self._state = StepState.CLOSED
-            raise DdpGraphUsageError(self._summarise(decision))
-        if not decision.ok:
-            summary = self._summarise(decision)
-            self._give_up(summary, warn=summary.code is not Code.NO_CUDA)
-        else:
-            self._capture_after = max(o.warmup_steps for o in decision.outcomes)
-            # Adoption rebuilds DDP's reducer on the capture stream, which every rank now
-            # does (none refused above); whether it took (an accumulator an earlier step's
-            # graph still holds stays on its old stream) is agreed on at once, so that a
-            # refused adoption runs every step eagerly from the first.
-            # (Agreed on every rank, adopting or not: whether a rank adopts is its own.)
-            adopted = None
-            if needs_adoption(model, self._stream):
-                adopted = apply_adoption(model, self._stream)  # type: ignore[arg-type]
-                # The rebuilt reducer starts again from iteration 0: it needs the whole
-                # warm-up of a fresh DDP model, whatever ran before.
-                self._capture_after = max(self._capture_after, default_warmup_steps(0))
-            took = [adopted] if adopted else []
-            outcome = self._decide(Outcome(current_rank(), not took, took, warmup_steps=self._capture_after))
-            if not outcome.ok:
-                self._give_up(self._summarise(outcome))
-            self._capture_after = max(o.warmup_steps for o in outcome.outcomes)
-            self._setup_refusal = self._optim.prepare()
-        self._install_load_hooks()
-        # Last: it registers `close` to run at interpreter exit, before the process group goes.
-        self._watchdog = watch_replays(
-            options.replay_timeout, options.on_replay_timeout, step_name=getattr(fn, "__qualname__", "step"),
-            group=ddp_tools.process_group_of(model), device=self._device, close=self.close,
-        )
-        self._peers = self._watchdog.board.describe_others
+        return usage, refusal
+
+    def _adopt(self, model: nn.Module, decision: Decision) -> Decision:
+        """Adopt DDP's reducer onto the capture stream where it needs it; the agreed answer.
+        Adoption rebuilds DDP's reducer on the capture stream, which every rank now does
+        (none refused before); whether it took (an accumulator an earlier step's graph
+        still holds stays on its old stream) is agreed on at once, so that a refused
+        adoption runs every step eagerly from the first. (Agreed on every rank, adopting
+        or not: whether a rank adopts is its own.)"""
+        self._capture_after = max(o.warmup_steps for o in decision.outcomes)
+        adopted = None
+        if needs_adoption(model, self._stream):
+            adopted = apply_adoption(model, self._stream)  # type: ignore[arg-type]
+            # The rebuilt reducer starts again from iteration 0: it needs the whole
+            # warm-up of a fresh DDP model, whatever ran before.
+            self._capture_after = max(self._capture_after, default_warmup_steps(0))
+        took = [adopted] if adopted else []
+        return self._decide(Outcome(current_rank(), not took, took, warmup_steps=self._capture_after))
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if self._watchdog is not None:
