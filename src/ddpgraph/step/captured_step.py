@@ -6,7 +6,7 @@ DDP warm-up arithmetic, the probe step's checks, what a failed capture puts back
 the guards consulted before each replay. The guards only report:
 
 * `param_guard`: parameter storage or `requires_grad` changed (re-capture);
-* `step_optimizers`: hyper-parameters, param groups, state replaced or loaded with
+* `safe_optimizers`: hyper-parameters, param groups, state replaced or loaded with
   another structure (re-capture, or eager steps for a Python hyper-parameter);
 * the call's signature and the model's train/eval mode (that call runs eagerly, a
   local choice that pairs with the peers' replays; under `on_input_change="raise"` a
@@ -41,7 +41,7 @@ from ..ddp.warmup import (
 from ..errors import DdpGraphUsageError
 from ..findings import Code, Finding
 from ..inputs.arguments import leaf_paths, stage_leaves, unflatten_call
-from ..optimizer.step_optimizers import StepOptimizers
+from ..optimizer.safe_optimizers import GraphSafeOptimizers
 from ..optimizer.wrappers import unwrap_optimizers
 from ..options import CaptureOptions, as_optimizers
 from ..probe.probe_checks import ProbeWatch
@@ -74,7 +74,7 @@ class CapturedStep(CheckedCalls[R]):
         self, fn: Callable[..., R], *, model: nn.Module, optimizers: Optimizer | Sequence[Optimizer] | None, options: CaptureOptions
     ) -> None:
         super().__init__(fn, model, options, shared=has_peers(model))
-        self._optim = StepOptimizers([], self._device)
+        self._optim = GraphSafeOptimizers([], self._device)
         self._generators = list(options.generators)
         self._restorables: list[Restorable] = [options.scaler] if options.scaler is not None else []
         self._counter = ddp_tools.forward_counter(model)
@@ -124,7 +124,7 @@ class CapturedStep(CheckedCalls[R]):
             options.check()
             # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
             inner, wrapper_refusal = unwrap_optimizers(as_optimizers(optimizers))
-            self._optim = StepOptimizers(inner, self._device)
+            self._optim = GraphSafeOptimizers(inner, self._device)
             self._capture_after = checked_warmup(isinstance(model, DDP), self._counter, options.warmup_steps, NON_DDP_WARMUP_STEPS)
             self._backend, self._stream, refusal = choose_backend(model, self._device, options.backend, options.stream)
             if refusal is None and self._backend is not None:
@@ -244,7 +244,7 @@ class CapturedStep(CheckedCalls[R]):
         return failed_capture_undo([self._model], self._optim.optimizers, self._restorables, self._generators)
 
     def _policy_captured(self) -> None:
-        self._optim.remember()
+        self._optim.captured()
         self._layout = ParamLayout(self._model)
         super()._policy_captured()
         report_capture_branch(self._library_syncs, current_rank())
@@ -269,7 +269,7 @@ class CapturedStep(CheckedCalls[R]):
             # capture-safe path, which is what lets its step be captured at all.
             stack.enter_context(eager_code_paths())
         active = phase == "eager" or (phase == "record") == stand_in
-        stack.enter_context(self._optim.running(read_back=self._state is not StepState.CAPTURED and phase == "eager", active=active))
+        stack.enter_context(self._optim.installed(read_back=self._state is not StepState.CAPTURED and phase == "eager", active=active))
         return stack
 
     def _policy_first_replay(self, record: Captured, leaves: list[Any], spec: Any) -> R:
@@ -288,7 +288,7 @@ class CapturedStep(CheckedCalls[R]):
             check.release()
             return out
         check.undo()
-        self._optim.forget()
+        self._optim.released()
         self._give_up(self._summarise(decision))
         self.stats.eager_steps += 1
         return self._eager(leaves, spec)
@@ -299,7 +299,7 @@ class CapturedStep(CheckedCalls[R]):
         unsynced = self._grad_sync.entered_unsynced(self.stats.calls)
         report = (
             Report(unsynced, Action.EAGER) if unsynced
-            else self._values.take_report() or self._layout.check() or self._optim.check(self._options.on_failure)
+            else self._values.take_report() or self._layout.check() or self._optim.check()
         )
         if report is None and self._options.on_input_change == "raise":
             changed = unservable(record, self._model, args, kwargs, leaves, spec)
@@ -332,7 +332,7 @@ class CapturedStep(CheckedCalls[R]):
 
     def _policy_recapture(self) -> None:
         super()._policy_recapture()
-        self._optim.forget()
+        self._optim.released()
         self._layout = None
         self._probed = False
         self._grad_sync.reset()
@@ -359,13 +359,13 @@ class CapturedStep(CheckedCalls[R]):
         """Keep the graph's storage: copy loaded values into the captured tensors; a load
         that cannot be copied is reported, and re-captured once the ranks agree."""
         if self._state is StepState.CAPTURED:
-            report = self._optim.after_load(optimizer)
+            report = self._optim.check_load(optimizer)
             if report is not None:
                 self.report(report)
         elif self._backend is not None:
             # Warming up, or eager after a fallback (whose steps run in the graph-safe
             # mode too): the mirrors follow the optimizer as loaded.
-            self._optim.forget()
+            self._optim.released()
             self._setup_refusal = self._optim.prepare()
 
     def _after_model_load(self, module: nn.Module, incompatible: Any) -> None:
