@@ -17,7 +17,7 @@ from torch.optim import Optimizer
 from .backends.choice import choose_backend
 from .backends.graph import GraphBackend
 from .cycle.fallback import OnFailure
-from .cycle.step_record import StepState, StepStats
+from .cycle.step_state import StepState, StepStats
 from .errors import usage_error
 from .family.graphs import BeyondMaxGraphs
 from .frozen.value_checks import DEFAULT_VERIFY_EVERY

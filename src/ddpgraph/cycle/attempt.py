@@ -1,5 +1,5 @@
 """One recording of a step, and what a successful one becomes: the path every capture
-takes, the first one (`CaptureEngine._capture_call`) and a graph added to a family
+takes, the first one (`CaptureEngine._capture_and_agree`) and a graph added to a family
 (`FamilySteps._add_graph_call`), so that both record, diagnose and restore alike.
 
 The recording runs on static copies of the call's inputs, under the host-sync probe
@@ -23,12 +23,12 @@ from ..backends.graph import CapturedGraph, CaptureError, CudaGraphBackend, Grap
 from ..ddp import build as ddp_tools
 from ..ddp.distributed import current_rank
 from ..inputs.arguments import Signature, StaticInputs, leaf_paths
-from ..inputs.replay import Recording
+from ..inputs.replay import ReplayableGraph
 from ..options import CaptureOptions
 from ..probe.diagnose import finding_from_capture_error, raised_by_step, step_raised_finding
 from ..probe.syncs import host_sync_probe
 from .policy_hooks import PolicyHooks
-from .step_record import Attempt, Captured, StepStats
+from .step_state import Attempt, Captured, StepStats
 
 R = TypeVar("R")
 
@@ -101,8 +101,8 @@ class CaptureAttempts(PolicyHooks[R]):
         """A recording that succeeded, with its signature, the model's mode and DDP flags."""
         assert attempt.graph is not None
         signature = Signature(leaves, spec, leaf_paths(args, kwargs))
-        recording: Recording[Any] = Recording(attempt.graph, attempt.static, signature, self._options.clone_outputs)
+        replayable: ReplayableGraph[Any] = ReplayableGraph(attempt.graph, attempt.static, signature, self._options.clone_outputs)
         forward_sync = bool(getattr(self._model, "require_forward_param_sync", True))
         self.stats.captures += 1
         self.stats.capture_seconds = attempt.seconds
-        return Captured(recording, self._model.training, forward_sync, buffer_sync)
+        return Captured(replayable, self._model.training, forward_sync, buffer_sync)

@@ -45,7 +45,7 @@ from ..options import CaptureOptions
 from .attempt import CaptureAttempts
 from .eager_call import GivenCall, run_eager_call
 from .fallback import UnservedCalls, awaiting_decision, capture_again, fall_back
-from .step_record import Captured, Report, StepState, StepStats
+from .step_state import Captured, Report, StepState, StepStats
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
@@ -74,7 +74,7 @@ class CaptureEngine(CaptureAttempts[R]):
         self._state = StepState.WARMUP
         self._reason: Finding | None = None
         self._findings: list[Finding] = []
-        self._record: Captured | None = None
+        self._captured: Captured | None = None
         self._pending: Report | None = None
         self._since_decision = 0
         self._every = options.agree_every if self._shared else 1
@@ -121,8 +121,8 @@ class CaptureEngine(CaptureAttempts[R]):
 
     @property
     def captured(self) -> Captured | None:
-        """The record of the live capture, None when there is none."""
-        return self._record
+        """The live capture, None when there is none."""
+        return self._captured
 
     def report(self, report: Report) -> None:
         """Hold `report` until the next decision point (the first report wins: one
@@ -160,7 +160,7 @@ class CaptureEngine(CaptureAttempts[R]):
             return
         if can_run_graphs(self._device):
             torch.cuda.synchronize(self._device)
-        self._drop_record()
+        self._drop_captured()
         self._policy_close()
         self._state = StepState.CLOSED
 
@@ -187,15 +187,15 @@ class CaptureEngine(CaptureAttempts[R]):
 
     # ----------------------------------------------------------------- replays
     def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
-        assert self._record is not None
-        record = self._family.select(self._record, leaves, spec)
+        assert self._captured is not None
+        captured = self._family.select(self._captured, leaves, spec)
         if self._pending is None:
-            self._pending = self._policy_check(record, args, kwargs, leaves, spec)
+            self._pending = self._policy_check(captured, args, kwargs, leaves, spec)
         self._since_decision += 1
         if self._since_decision >= self._every or self._policy_agrees_now():
             self._since_decision = 0
             pending = self._pending
-            adding = pending is None and self._policy_adds_graph(record)
+            adding = pending is None and self._policy_adds_graph(captured)
             if pending is not None or self._shared or adding:
                 findings = [pending.finding] if pending is not None else []
                 outcome = self._outcome(findings, pending.action if pending else Action.CONTINUE)
@@ -205,11 +205,11 @@ class CaptureEngine(CaptureAttempts[R]):
                     return self._leave_graph(decision, args, kwargs, leaves, spec)
                 if decision.adds_graph:
                     return self._policy_add_graph(
-                        adding, lambda: self._serve_record(record, args, kwargs, leaves, spec), args, kwargs, leaves, spec
+                        adding, lambda: self._serve_captured(captured, args, kwargs, leaves, spec), args, kwargs, leaves, spec
                     )
-        return self._serve_record(record, args, kwargs, leaves, spec)
+        return self._serve_captured(captured, args, kwargs, leaves, spec)
 
-    def _serve_record(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _serve_captured(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         if self._pending is not None:
             # Reported, not yet agreed: eager steps pair with the peers' replays.
             self.stats.eager_steps += 1
@@ -218,19 +218,19 @@ class CaptureEngine(CaptureAttempts[R]):
             self.stats.input_changes += 1
             self.stats.eager_steps += 1
             return self._eager(leaves, spec)
-        if self._policy_unserved(record, args, kwargs, leaves, spec):
+        if self._policy_unserved(captured, args, kwargs, leaves, spec):
             self.stats.eager_steps += 1
             return self._eager(leaves, spec)
-        return self._replay(record, leaves)
+        return self._replay(captured, leaves)
 
-    def _replay(self, record: Captured, leaves: list[Any]) -> R:
+    def _replay(self, captured: Captured, leaves: list[Any]) -> R:
         try:
-            outputs: R = record.recording.replay(leaves)
+            outputs: R = captured.graph.replay(leaves)
         except RuntimeError as err:  # a replay that waits on the host (the CPU backends)
             NamingStoppedRanks(f"replay {self.stats.replays + 1}", self.stats.calls, self._peers).name(err)
             raise
-        self._family.replayed(record)
-        self._policy_after_replay(record)
+        self._family.replayed(captured)
+        self._policy_after_replay(captured)
         self.stats.replays += 1
         return outputs
 
@@ -242,7 +242,7 @@ class CaptureEngine(CaptureAttempts[R]):
         if decision.action is Action.RAISE:
             # This call is refused on every rank; the graph stays for later calls.
             raise DdpGraphError(summary)
-        self._drop_record()
+        self._drop_captured()
         if decision.action is Action.RECAPTURE:
             capture_again(summary)
             self._state = StepState.WARMUP
@@ -253,7 +253,7 @@ class CaptureEngine(CaptureAttempts[R]):
         return self._eager(leaves, spec)
 
     # ----------------------------------------------------------------- capture
-    def _record_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _capture_and_agree(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         """Record the step on the static inputs, agree, then replay it at once (this
         call's step) or put everything back and continue eagerly, on every rank."""
         buffer_sync = ddp_tools.will_sync_buffers(self._model)
@@ -268,12 +268,12 @@ class CaptureEngine(CaptureAttempts[R]):
             assert self._backend is not None
             if self._backend.executes_during_capture:
                 attempt.after_stand_in()
-            self._record = self._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
+            self._captured = self._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
             self._policy_captured()
             self._state = StepState.CAPTURED
             self._since_decision = 0
             log.info("captured the step in %.3f s on rank %d", attempt.seconds, current_rank())
-            return self._policy_first_replay(self._record, leaves, spec)
+            return self._policy_first_replay(self._captured, leaves, spec)
         if graph is not None:
             graph.release()
         restore_forward_sync()
@@ -308,7 +308,7 @@ class CaptureEngine(CaptureAttempts[R]):
         if decision.reducer_needs_reset:
             self._reason = summary
             self._state = StepState.EAGER
-            self._drop_record()
+            self._drop_captured()
         if raised is not None:
             raise raised
         raise DdpGraphError(summary)
@@ -318,12 +318,12 @@ class CaptureEngine(CaptureAttempts[R]):
         if not self._findings:
             self._findings = [finding]
         self._state = StepState.EAGER
-        self._drop_record()
+        self._drop_captured()
         fall_back(finding, self._options.on_failure, continues=self.continues, warn=warn, stacklevel=5)
         log.info("not capturing: %s", finding.format())
 
-    def _drop_record(self) -> None:
-        self._family.release_all(keep=self._record)
-        if self._record is not None:
-            self._record.recording.release()
-        self._record = None
+    def _drop_captured(self) -> None:
+        self._family.release_all(keep=self._captured)
+        if self._captured is not None:
+            self._captured.graph.release()
+        self._captured = None

@@ -44,7 +44,7 @@ from ..ddp import build as ddp_tools
 from ..ddp.distributed import current_rank
 from .engine import CaptureEngine
 from .fallback import fall_back
-from .step_record import Captured
+from .step_state import Captured
 
 R = TypeVar("R")
 _FAILED = "Calls with that input signature run eagerly on the ranks where its capture failed; the other graphs stay."
@@ -57,13 +57,13 @@ class FamilySteps(CaptureEngine[R]):
         """Whether a recording may start on this call (the step knows its DDP counts)."""
         return True
 
-    def _policy_adds_graph(self, record: Captured) -> bool:
+    def _policy_adds_graph(self, captured: Captured) -> bool:
         # As for a replay: the captured mode and buffer broadcast; as for a capture: not
         # on an iteration where DDP samples its statistics (this rank's own count).
         return (
             self._family.may_add()
-            and self._model.training is record.training
-            and ddp_tools.will_sync_buffers(self._model) is record.buffer_sync
+            and self._model.training is captured.training
+            and ddp_tools.will_sync_buffers(self._model) is captured.buffer_sync
             and self._recordable_now()
         )
 
@@ -96,7 +96,7 @@ class FamilySteps(CaptureEngine[R]):
             if attempt.graph is not None:
                 captured = self._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
                 self._family.add(captured)
-                self._record = captured
+                self._captured = captured
         elif runs:
             out.append(serve())
         decision = self._decide(outcome)

@@ -28,7 +28,7 @@ from .arguments import Signature, StaticInputs
 R = TypeVar("R")
 
 
-class Recording(Generic[R]):
+class ReplayableGraph(Generic[R]):
     """A graph, the static inputs it reads and the signature of the recorded call."""
 
     def __init__(

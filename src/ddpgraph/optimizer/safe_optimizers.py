@@ -41,7 +41,7 @@ import torch
 from torch.optim import Optimizer
 
 from ..agreement.agree import Action
-from ..cycle.step_record import Report
+from ..cycle.step_state import Report
 from ..findings import Code, Finding
 from .graph_safe import baked_finding, followed_finding, refusal
 from .hyperparams import HyperparamMirror

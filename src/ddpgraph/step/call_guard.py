@@ -13,23 +13,23 @@ from typing import Any
 
 from torch import nn
 
-from ..cycle.step_record import Captured
+from ..cycle.step_state import Captured
 from ..ddp.distributed import current_rank
 from ..findings import Code, Finding
 
 
 def unservable(
-    record: Captured, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    captured: Captured, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
 ) -> Finding | None:
-    """Why `record` cannot replay this call, or None."""
-    if not record.recording.serves(leaves, spec):
-        return record.recording.changed_input(args, kwargs, "`CapturedStep` call", current_rank())
-    if model.training is not record.training:
-        captured = "train" if record.training else "eval"
+    """Why `captured` cannot replay this call, or None."""
+    if not captured.graph.serves(leaves, spec):
+        return captured.graph.changed_input(args, kwargs, "`CapturedStep` call", current_rank())
+    if model.training is not captured.training:
+        then = "train" if captured.training else "eval"
         now = "train" if model.training else "eval"
         return Finding(
             Code.MODEL_MODE_CHANGED,
-            f"the step was captured with the model in {captured} mode and is called in {now} mode",
+            f"the step was captured with the model in {then} mode and is called in {now} mode",
             subject="`CapturedStep` call",
             ranks=(current_rank(),),
         )

@@ -28,7 +28,7 @@ from ..agreement.agree import Action, Decision, Outcome
 from ..backends.choice import choose_backend, needs_adoption
 from ..backends.graph import CudaGraphBackend
 from ..backends.rng import generators_refusal
-from ..cycle.step_record import Captured, Report, StepState, has_peers
+from ..cycle.step_state import Captured, Report, StepState, has_peers
 from ..ddp import build as ddp_tools
 from ..ddp.adopt import apply_adoption
 from ..ddp.distributed import current_rank
@@ -232,7 +232,7 @@ class CapturedStep(CheckedCalls[R]):
             return self._eager(leaves, spec)
         self._optim.prepare()  # a param group added during warm-up gets its tensor lr
         self._grad_sync.before_call()
-        return self._record_call(args, kwargs, leaves, spec)
+        return self._capture_and_agree(args, kwargs, leaves, spec)
 
     def _recordable_now(self) -> bool:
         forwards = self._counter.count if self._counter else 0
@@ -254,7 +254,7 @@ class CapturedStep(CheckedCalls[R]):
         # the probe step: that synchronisation is the evidence (CUDA stops the sync before
         # it can be seen while recording). Not once a graph of this step recorded: the
         # library's capture-time branch has then been shown to record.
-        if finding.code is Code.CAPTURE_FAILED and self._library_syncs and self._record is None:
+        if finding.code is Code.CAPTURE_FAILED and self._library_syncs and self._captured is None:
             return self._library_syncs[0]
         return finding
 
@@ -272,17 +272,17 @@ class CapturedStep(CheckedCalls[R]):
         stack.enter_context(self._optim.installed(read_back=self._state is not StepState.CAPTURED and phase == "eager", active=active))
         return stack
 
-    def _policy_first_replay(self, record: Captured, leaves: list[Any], spec: Any) -> R:
+    def _policy_first_replay(self, captured: Captured, leaves: list[Any], spec: Any) -> R:
         """With `parity`, the capturing call's step runs once eagerly and once replayed
         from the same state (`parity.ParityRun`); a difference on any rank is agreed on
         and answered by `on_failure` on every rank, with the eager step's state put back."""
         parity = self._options.parity_check
         if parity is None:
-            return self._replay(record, leaves)
+            return self._replay(captured, leaves)
         makers = [r.snapshot for r in self._restorables]
         branch = self._library_syncs[0] if self._library_syncs else None
         check = ParityRun(parity, self._model, self._optim.optimizers, self._generators, makers, branch)
-        out = check.run(lambda: self._eager(leaves, spec), lambda: self._replay(record, leaves))
+        out = check.run(lambda: self._eager(leaves, spec), lambda: self._replay(captured, leaves))
         decision = self._decide(self._outcome([check.finding] if check.finding else []))
         if decision.ok:
             check.release()
@@ -294,7 +294,7 @@ class CapturedStep(CheckedCalls[R]):
         return self._eager(leaves, spec)
 
     # ----------------------------------------------------------------- captured
-    def _policy_check(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
+    def _policy_check(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
         assert self._layout is not None
         unsynced = self._grad_sync.entered_unsynced(self.stats.calls)
         report = (
@@ -302,13 +302,13 @@ class CapturedStep(CheckedCalls[R]):
             else self._values.take_report() or self._layout.check() or self._optim.check()
         )
         if report is None and self._options.on_input_change == "raise":
-            changed = unservable(record, self._model, args, kwargs, leaves, spec)
+            changed = unservable(captured, self._model, args, kwargs, leaves, spec)
             if changed is not None:
                 report = Report(changed, Action.RAISE)
         return report
 
-    def _policy_unserved(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
-        changed = unservable(record, self._model, args, kwargs, leaves, spec)
+    def _policy_unserved(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
+        changed = unservable(captured, self._model, args, kwargs, leaves, spec)
         if changed is not None:
             self._unserved.seen(changed)
             if not self._family.expects_unserved():  # a family warms up new signatures
@@ -318,15 +318,15 @@ class CapturedStep(CheckedCalls[R]):
         # The first step after an eval forward: eager DDP skips its buffer broadcast
         # there, the graph would not. Expected, so counted but not warned about. Or a
         # check call (`value_checks`).
-        return ddp_tools.will_sync_buffers(self._model) is not record.buffer_sync or self._check_instead(leaves, spec)
+        return ddp_tools.will_sync_buffers(self._model) is not captured.buffer_sync or self._check_instead(leaves, spec)
 
-    def _policy_after_replay(self, record: Captured) -> None:
+    def _policy_after_replay(self, captured: Captured) -> None:
         # A replay runs no Python. DDP's forward leaves this flag set, and it decides
         # whether the next forward broadcasts buffers; an eval forward in between clears
         # it, which would make that eval skip the broadcast eager training does. (Read
         # first: a plain attribute read, where nn.Module's __setattr__ is slow.)
-        if isinstance(self._model, DDP) and self._model.require_forward_param_sync is not record.forward_sync:
-            self._model.require_forward_param_sync = record.forward_sync
+        if isinstance(self._model, DDP) and self._model.require_forward_param_sync is not captured.forward_sync:
+            self._model.require_forward_param_sync = captured.forward_sync
         if self._watchdog is not None:
             self._watchdog.after_replay()
 

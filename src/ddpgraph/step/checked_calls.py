@@ -15,7 +15,7 @@ from torch import nn
 
 from ..agreement.agree import Action, Outcome
 from ..cycle.checked_steps import CheckedSteps
-from ..cycle.step_record import Report
+from ..cycle.step_state import Report
 from ..ddp.distributed import current_rank
 from ..errors import DdpGraphUsageError
 from ..findings import Finding

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..cycle.eager_call import run_eager_call
-from ..cycle.step_record import StepState, StepStats
+from ..cycle.step_state import StepState, StepStats
 from ..ddp import build as ddp_tools
 from ..errors import DdpGraphError
 from ..findings import Code, Finding

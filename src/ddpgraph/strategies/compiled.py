@@ -45,7 +45,7 @@ from torch.optim import Optimizer
 
 from ..agreement.agree import Action, Outcome, agree
 from ..capture import CapturedStep, StepState, StepStats
-from ..cycle.step_record import Report
+from ..cycle.step_state import Report
 from ..ddp import build as ddp_tools
 from ..ddp.build import process_group_of
 from ..ddp.distributed import current_rank
