@@ -113,10 +113,9 @@ def test_the_command_and_python_m_ddpgraph_run_from_the_new_place() -> None:
     assert "from .app.cli import main" in main
 
 
-# Names `ddpgraph.inputs.replay` held before the eager call and the give-up policy had modules
-# of their own: the old path stays (it keeps the replay) and re-exports them unchanged.
+# Names `ddpgraph.inputs.replay` held before the give-up policy had a module of its own:
+# the old path stays (it keeps the replay and the eager call) and re-exports them unchanged.
 REPLAY_NAMES = {
-    "run_eager_call": "ddpgraph.cycle.eager_call",
     "OnFailure": "ddpgraph.cycle.fallback",
     "UnservedCalls": "ddpgraph.cycle.fallback",
     "check_policies": "ddpgraph.cycle.fallback",

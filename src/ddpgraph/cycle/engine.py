@@ -41,9 +41,9 @@ from ..errors import DdpGraphError
 from ..family.graphs import GraphFamily, shared_pool
 from ..findings import Code, Finding
 from ..inputs.arguments import flatten_call
+from ..inputs.replay import GivenCall, run_eager_call
 from ..options import CaptureOptions
 from .attempt import CaptureAttempts
-from .eager_call import GivenCall, run_eager_call
 from .fallback import UnservedCalls, awaiting_decision, capture_again, fall_back
 from .step_state import Captured, Report, StepState, StepStats
 

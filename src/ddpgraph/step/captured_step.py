@@ -47,8 +47,7 @@ from ..options import CaptureOptions, as_optimizers
 from ..probe.probe_checks import ProbeWatch
 from ..probe.syncs import host_sync_probe
 from ..watchdog.watch import ReplayWatchdog, watch_replays
-from .call_guard import unservable
-from .checked_calls import CheckedCalls
+from .checked_calls import CheckedCalls, unservable
 from .param_guard import ParamLayout
 from .parity import ParityRun
 from .same_path import eager_code_paths, report_capture_branch
