@@ -31,18 +31,18 @@ def timed(name: str, fn: Callable[[], Any], n: int = 3000) -> None:
 
 def main() -> None:
     step, _, x, y = captured_demo_step()
-    record = step._record
-    assert record is not None and step._layout is not None
+    captured = step._captured
+    assert captured is not None and step._layout is not None
     leaves, spec = flatten_call((x, y), {})
     timed("whole call", lambda: step(x, y))
     timed("layout.check", step._layout.check)
-    timed("optim.check", lambda: step._optim.check("eager"))
-    timed("safe.before_replay", step._optim._safe.before_replay)
-    timed("after_replay", lambda: step._policy_after_replay(record))
+    timed("optim.check", step._optim.check)
+    timed("safe.before_replay", step._optim.before_replay)
+    timed("after_replay", lambda: step._policy_after_replay(captured))
     timed("flatten_call", lambda: flatten_call((x, y), {}))
-    timed("recording.replay", lambda: record.recording.replay(leaves))
-    timed("family.select", lambda: step._family.select(record, leaves, spec))
-    timed("policy_unserved", lambda: step._policy_unserved(record, (x, y), {}, leaves, spec))
+    timed("graph.replay", lambda: captured.graph.replay(leaves))
+    timed("family.select", lambda: step._family.select(captured, leaves, spec))
+    timed("policy_unserved", lambda: step._policy_unserved(captured, (x, y), {}, leaves, spec))
     step.close()
     dist.destroy_process_group()
 

@@ -1,3 +1,5 @@
+"""`python -m ddpgraph`: the `ddpgraph` command."""
+
 import sys
 
 from .app.cli import main

@@ -32,7 +32,7 @@ from torch.optim import Optimizer
 from typing_extensions import Unpack
 
 from .backends.choice import choose_backend
-from .cycle.step_record import StepState, StepStats
+from .cycle.step_state import StepState, StepStats
 from .errors import usage_error
 from .options import CaptureOptions, CaptureSettings, as_optimizers, merge_settings
 from .step.captured_step import CapturedStep

@@ -84,7 +84,7 @@ def test_optimizer_steps_and_profiler_ranges_leave_one_mark() -> None:
             opt.step()
 
     first = _watch(step)
-    opt.param_groups[0]["lr"] = 0.01  # a scheduler's change: `step_optimizers`' to follow
+    opt.param_groups[0]["lr"] = 0.01  # a scheduler's change: `safe_optimizers`' to follow
     second = _watch(step, first)
     assert second.divergence is None
     assert [e for e in second.trace.entries if "SGD" in repr(e[0])]

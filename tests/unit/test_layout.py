@@ -1,98 +1,70 @@
-"""The layout shows the architecture, and stays that way.
+"""The layout shows the architecture, and rules that measure the design keep it so.
 
-The capture core is the flat modules of `src/ddpgraph` and its concept packages; the
-packages around it (`training`, `strategies`, `integrations`, `app`, `bench`, `doctor`) are
-built on it, so the core never
-imports them: a core module that did would load, and depend on, the layers above it.
-Exempt is the API layer above both: the package root, which re-exports the public names,
-`capture.py`, the `capture_step` facade (which builds the compile strategy's step for
-`compile=True`), and `__main__`. Imports under `if TYPE_CHECKING:` are annotations only
-and run nothing, so they are not dependencies at run time.
+Each rule has a test of its checker on small snippets (so that it can fail) and a test on
+the real tree (the checkers live in `design_rules.py`):
+
+* The layer rule. The capture core is the root modules of `src/ddpgraph` and its concept
+  packages; the packages around it (`training`, `strategies`, `integrations`, `app`,
+  `bench`, `doctor`) are built on it, so the core never imports them, at any depth: a
+  core module that did would load, and depend on, the layers above it. Exempt are the
+  API layer above the core and the strategies (the package root, `__main__` and
+  `capture.py`) and alias modules, whose only work is re-exporting a moved module's names.
+* No import cycles among ddpgraph's modules. Every run-time import counts, at module
+  level or inside a function: a function-level import that closes a cycle only hides it.
+  Imports under `if TYPE_CHECKING:` are annotations only and run nothing, so they don't.
+* No module reaches into another's private names. `x._name` (not a dunder), where `x` is
+  not `self`, `cls` or `super()`, is a reach when `_name` is a private name that some
+  ddpgraph module defines (at module or class level, or as an attribute set on `self`)
+  and the reading module does not define itself: module-private is Python's convention.
+  The rule leaves out the internals of PyTorch and other libraries this project needs
+  (`torch._C`, `torch._foreach_*`, DDP's reducer, `sys._getframe`): their names are not
+  defined here. Where such a name coincides with one ddpgraph defines, `FOREIGN` lists
+  the (module, attribute) pair, with whose it is.
+* Functions of at most 60 lines, decorators excluded.
 """
 
 from __future__ import annotations
 
-import ast
-import re
 from pathlib import Path
 
 import pytest
-
-SRC = Path(__file__).resolve().parents[2] / "src" / "ddpgraph"
-README = SRC.parents[1] / "README.md"
-ABOVE_THE_CORE = (
-    "ddpgraph.training",
-    "ddpgraph.strategies",
-    "ddpgraph.integrations",
-    "ddpgraph.app",
-    "ddpgraph.bench",
-    "ddpgraph.doctor",
+from design_rules import (
+    SRC,
+    architecture,
+    core_modules,
+    cycles,
+    defined_private_names,
+    docstring_line,
+    import_graph,
+    imports_above_core,
+    is_alias,
+    long_functions,
+    module_name,
+    named_paths,
+    package_of,
+    private_reaches,
+    tree_sources,
 )
-LAYERS = {name.split(".")[1] for name in ABOVE_THE_CORE}
-# The API layer: above the core and the strategies, so exempt.
-API_LAYER = ("__init__.py", "__main__.py", "capture.py")
-MAX_MODULE_LINES = 400
-MAX_CLASS_LINES = 300
+
+README = SRC.parents[1] / "README.md"
+MAX_FUNCTION_LINES = 60
+# Another library's private names that coincide with a name ddpgraph defines.
+FOREIGN = {
+    ("backends/recording.py", "_version"): "torch.Tensor's version counter, which in-place writes bump",
+    ("doctor/observed.py", "_version"): "torch.Tensor's version counter",
+    ("optimizer/hyperparams.py", "_version"): "torch.Tensor's version counter",
+    ("probe/probe_checks.py", "_version"): "torch.Tensor's version counter",
+    ("family/graphs.py", "_snapshot"): "torch.cuda.memory._snapshot, the allocator's segments",
+    ("integrations/lightning.py", "_result"): "Lightning's closure result, which the callback hands back",
+    ("training/scaler_steps.py", "_values"): "a sparse gradient's values",
+}
 
 
-def _resolve(level: int, name: str | None, package: tuple[str, ...] = ("ddpgraph",)) -> str:
-    """The absolute module a relative import in a module of `package` names."""
-    if level == 0:
-        return name or ""
-    base = list(package[: max(0, len(package) - (level - 1))])
-    return ".".join([*base, *([name] if name else [])])
+def _rel(p: Path) -> str:
+    return str(p.relative_to(SRC))
 
 
-def _type_checking_only(tree: ast.Module) -> set[int]:
-    """Line numbers inside `if TYPE_CHECKING:` blocks."""
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
-    return lines
-
-
-def imports_above_core(source: str, package: tuple[str, ...] = ("ddpgraph",)) -> list[tuple[int, str]]:
-    """(line, module) of every run-time import in a flat core module of the packages
-    above the core: `import`, `from ... import` (at any depth, relative or absolute,
-    including `from . import strategies`) and `importlib.import_module("...")`."""
-    tree = ast.parse(source)
-    skip = _type_checking_only(tree)
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = _resolve(node.level, node.module, package)
-            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
-        elif (
-            isinstance(node, ast.Call)
-            and ast.unparse(node.func).endswith("import_module")
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)
-        ):
-            targets = [node.args[0].value]
-        hits = sorted({t for t in targets if any(t == p or t.startswith(p + ".") for p in ABOVE_THE_CORE)})
-        if hits and node.lineno not in skip:
-            found.append((node.lineno, hits[0]))
-    return found
-
-
-def _core_modules() -> list[Path]:
-    return [
-        p
-        for p in sorted(SRC.rglob("*.py"))
-        if p.relative_to(SRC).parts[0] not in LAYERS and p.relative_to(SRC).parts[0] not in API_LAYER
-    ]
-
-
-def _package(path: Path) -> tuple[str, ...]:
-    return ("ddpgraph", *path.relative_to(SRC).parent.parts)
-
-
+# ----------------------------------------------------------------- the layer rule
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
@@ -111,49 +83,133 @@ def test_the_checker_finds_each_kind_of_import_above_the_core(source: str, expec
     assert [module for _, module in imports_above_core(source)] == expected
 
 
+def test_a_core_package_module_importing_a_layer_is_found() -> None:
+    source = "from ..training.scaler import GraphSafeGradScaler\n"
+    assert imports_above_core(source, ("ddpgraph", "cycle")) == [(1, "ddpgraph.training.scaler")]
+
+
+@pytest.mark.parametrize(
+    ("source", "alias"),
+    [
+        ('"""Moved."""\nfrom ._moved import moved\nfrom .app.cli import main\nmoved("a", "b")\n__all__ = ["main"]\n', True),
+        ('"""Alias."""\nfrom .integrations.lightning import CUDAGraphCallback\n__all__ = ["CUDAGraphCallback"]\n', True),
+        ('"""Work."""\nfrom .app.cli import main\ndef f():\n    return main()\n', False),
+        ('"""Work."""\nfrom .app import cli\nX = cli.main()\n', False),
+    ],
+)
+def test_an_alias_is_a_module_that_only_re_exports(source: str, alias: bool) -> None:
+    assert is_alias(source) is alias
+
+
 def test_the_capture_core_imports_nothing_above_it() -> None:
-    core = _core_modules()
-    assert len(core) > 30 and any(p.name == "engine.py" for p in core)  # the rule checks the real core
+    core = core_modules()
+    names = {_rel(p) for p in core}
+    assert len(core) > 30 and "cycle/engine.py" in names and "findings.py" in names  # the rule checks the real core
+    assert "capture.py" not in names and "__init__.py" not in names
     offenders = [
-        f"{p.relative_to(SRC)}:{line} imports {module}"
+        f"{_rel(p)}:{line} imports {module}"
         for p in core
-        for line, module in imports_above_core(p.read_text(), _package(p))
+        for line, module in imports_above_core(p.read_text(), package_of(module_name(p), p.name == "__init__.py"))
     ]
     assert offenders == [], "the capture core imports a layer built on it:\n" + "\n".join(offenders)
 
 
-def _modules() -> list[Path]:
-    return sorted(SRC.rglob("*.py"))
+# ----------------------------------------------------------------- import cycles
+def test_the_cycle_checker_finds_cycles_at_any_depth_and_only_run_time_ones() -> None:
+    sources = {
+        "ddpgraph.a": ("from . import b\n", False),
+        "ddpgraph.b": ("def f():\n    from .a import x\n", False),
+        "ddpgraph.c": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import y\n", False),
+        "ddpgraph.d": ("from .c import z\n", False),
+        "ddpgraph.p": ("from .q import x\n", True),
+        "ddpgraph.p.q": ("from ..p import r\n", False),
+        "ddpgraph.e": ("import ddpgraph.f\n", False),
+        "ddpgraph.f": ("from ddpgraph.g import x\n", False),
+        "ddpgraph.g": ("from ddpgraph import e\n", False),
+    }
+    graph = import_graph(sources)
+    assert graph["ddpgraph.a"] == {"ddpgraph.b"} and graph["ddpgraph.c"] == set()
+    assert cycles(graph) == [
+        ["ddpgraph.a", "ddpgraph.b"],
+        ["ddpgraph.e", "ddpgraph.f", "ddpgraph.g"],
+        ["ddpgraph.p", "ddpgraph.p.q"],
+    ]
 
 
-def _classes() -> list[tuple[str, str, int]]:
-    out = []
-    for p in _modules():
-        for node in ast.walk(ast.parse(p.read_text())):
-            if isinstance(node, ast.ClassDef):
-                out.append((str(p.relative_to(SRC)), node.name, (node.end_lineno or node.lineno) - node.lineno + 1))
-    return out
+def test_no_import_cycles_among_ddpgraphs_modules() -> None:
+    sources = tree_sources()
+    graph = import_graph(sources)
+    assert len(graph) > 100 and graph["ddpgraph.cycle.engine"]  # the rule reads the real tree
+    found = cycles(graph)
+    assert found == [], "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
-def test_no_module_is_over_400_lines(path: Path) -> None:
-    assert len(path.read_text().splitlines()) <= MAX_MODULE_LINES
+# ----------------------------------------------------------------- private reaches
+def test_the_private_reach_checker() -> None:
+    engine = "class Engine:\n    def __init__(self):\n        self._record = None\n    def _decide(self):\n        return self._record\n"
+    assert defined_private_names(engine) == {"_record", "_decide"}
+    ours = defined_private_names(engine) | {"_hidden"}
+    reader = (
+        "import torch\n"
+        "def f(step, m):\n"
+        "    step._record = 1\n"           # a write
+        "    step._decide()\n"             # a call
+        "    getattr(step, '_record')\n"   # by name
+        "    torch._C._foo\n"              # another library's internals
+        "    m.__dict__\n"                 # a dunder
+        "    return m._hidden\n"
+    )
+    assert [r for _, r in private_reaches(reader, ours)] == ["step._record", "step._decide", "step._record", "m._hidden"]
+    # Within its own module, and on self or cls, a private name is the module's own.
+    assert list(private_reaches(engine + "def g(other):\n    return other._record\n", ours)) == []
+    assert list(private_reaches("class A:\n    def f(self):\n        return super()._decide(), self._hidden\n", ours)) == []
 
 
-@pytest.mark.parametrize(("path", "name", "lines"), _classes(), ids=lambda v: str(v))
-def test_no_class_is_over_300_lines(path: str, name: str, lines: int) -> None:
-    assert lines <= MAX_CLASS_LINES, f"{path}: class {name} is {lines} lines"
+def _ours() -> set[str]:
+    names: set[str] = set()
+    for p in SRC.rglob("*.py"):
+        names |= defined_private_names(p.read_text())
+    return names
 
 
-def _architecture() -> str:
-    text = README.read_text()
-    section = text.split("\n## Architecture\n", 1)[1]
-    return section.split("\n## ", 1)[0]
+def test_no_module_reaches_into_anothers_private_names() -> None:
+    ours = _ours()
+    assert {"_captured", "_decide", "_policy_running"} <= ours  # the rule knows the engine's names
+    found = [
+        (_rel(p), line, reach)
+        for p in sorted(SRC.rglob("*.py"))
+        for line, reach in private_reaches(p.read_text(), ours)
+    ]
+    offenders = [f"{path}:{line} {reach}" for path, line, reach in found if (path, reach.rsplit(".", 1)[1]) not in FOREIGN]
+    assert offenders == [], "a module reaches into another's private names:\n" + "\n".join(offenders)
+    used = {(path, reach.rsplit(".", 1)[1]) for path, _, reach in found}
+    stale = sorted(pair for pair in set(FOREIGN) - used if (SRC / pair[0]).exists())
+    assert stale == [], f"FOREIGN lists pairs no longer read: {stale}"
+
+
+# ----------------------------------------------------------------- function length
+def test_the_function_length_checker_counts_methods_and_nested_functions() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(60))
+    source = f"def short():\n{body[: -len('    x59 = 59') - 1]}\nclass A:\n    @staticmethod\n    def long():\n" + body.replace("    ", "        ")
+    source += "def outer():\n    def inner():\n" + body.replace("    ", "        ") + "    return inner\n"
+    assert list(long_functions(source, 60)) == [("A.long", 61), ("outer", 63), ("outer.inner", 61)]
+
+
+@pytest.mark.parametrize("path", sorted(SRC.rglob("*.py")), ids=_rel)
+def test_no_function_is_over_60_lines(path: Path) -> None:
+    long = [f"{name}: {lines} lines" for name, lines in long_functions(path.read_text(), MAX_FUNCTION_LINES)]
+    assert long == [], f"{_rel(path)}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+# ----------------------------------------------------------------- the layout
+@pytest.mark.parametrize("path", sorted(SRC.rglob("*.py")), ids=_rel)
+def test_every_module_says_what_lives_there(path: Path) -> None:
+    assert docstring_line(path.read_text()), f"{_rel(path)} has no docstring"
 
 
 def test_readme_architecture_names_only_paths_that_exist_and_every_package() -> None:
-    section = _architecture()
-    named = set(re.findall(r"`([\w/]+(?:\.py|/))`", section))
+    section = architecture(README)
+    named = named_paths(section)
     assert len(named) >= 10
     missing = sorted(n for n in named if not (SRC.parents[1] / n if n.startswith("src/") else SRC / n).exists())
     assert missing == [], f"README's architecture names paths that are not in src/ddpgraph: {missing}"

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from ddpgraph.cycle import teardown
+from ddpgraph.ddp import distributed as teardown
 
 
 class Step:

@@ -15,60 +15,28 @@ without a GPU:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ..ddp.distributed import current_rank
-from ..errors import DdpGraphError
-from ..findings import Code, Finding
 from .capture_mode import CAPTURE_ERROR_MODE
+from .protocol import CapturedGraph, CaptureError, GraphBackend, InjectedFailures
+from .recording import RecordingBackend
 from .rng import register_generators, release_after_failed_capture
 
-
-class CaptureError(DdpGraphError):
-    """Recording failed. `cause` is the first error raised while recording, `end_error`
-    the error raised when the recording was closed (CUDA reports an invalidated
-    capture only then). Its finding is CAPTURE_FAILED with that error; the captured step
-    diagnoses both errors into the finding it reports (`diagnose.finding_from_capture_error`).
-
-    Only exceptions are wrapped: an interrupt (`KeyboardInterrupt`) or an exit
-    (`SystemExit`) raised while recording propagates as it is, once the recording is
-    closed, as it would from an eager step."""
-
-    def __init__(self, cause: BaseException | None, end_error: BaseException | None = None):
-        self.cause = cause
-        self.end_error = end_error
-        first = cause if cause is not None else end_error
-        super().__init__(Finding(Code.CAPTURE_FAILED, f"{type(first).__name__}: {first}", subject="graph recording"))
-
-
-class CapturedGraph(Protocol):
-    outputs: Any
-
-    def replay(self) -> None: ...
-
-    def release(self) -> None: ...
-
-
-class GraphBackend(Protocol):
-    name: str
-    # True when recording also runs the function (the stand-in): the caller then undoes
-    # the recorded call before the first replay, as CUDA recording runs no kernels.
-    executes_during_capture: bool
-    # True while `capture` is recording the function.
-    capturing: bool
-
-    def capture(
-        self,
-        fn: Callable[[], Any],
-        *,
-        stream: torch.cuda.Stream | None,
-        pool: Any,
-        generators: Sequence[torch.Generator] = (),
-    ) -> CapturedGraph: ...
+__all__ = [
+    "CaptureError",
+    "CapturedGraph",
+    "CudaGraphBackend",
+    "GraphBackend",
+    "InjectedFailures",
+    "PassThroughBackend",
+    "RecordingBackend",
+    "emulation_backend",
+    "settle_after_failed_capture",
+]
 
 
 class _CudaGraph:
@@ -174,24 +142,6 @@ class _PassThroughGraph:
         self.outputs = None
 
 
-class InjectedFailures:
-    """What the CPU backends share: `fail_ranks` makes recording fail on those ranks
-    with `message` (after the function ran, as CUDA reports an invalidated capture at
-    its end), to test agreement and recovery; `capturing` is True while recording;
-    `captures` counts finished recordings."""
-
-    def __init__(self, fail_ranks: Iterable[int] = (), message: str = "injected failure"):
-        self.fail_ranks = frozenset(fail_ranks)
-        self.message = message
-        self.capturing = False
-        self.captures = 0
-
-    def _finish_recording(self) -> None:
-        self.captures += 1
-        if current_rank() in self.fail_ranks:
-            raise CaptureError(None, RuntimeError(self.message))
-
-
 class PassThroughBackend(InjectedFailures):
     """A stand-in graph backend for CPU tests.
 
@@ -228,6 +178,4 @@ def emulation_backend() -> GraphBackend:
     """The backend that shows on a machine without a GPU what capturing a step would do:
     `RecordingBackend`, which replays the recorded operations and collectives without
     Python. Its timings are those of CPU kernels, never a GPU speed-up."""
-    from .recording import RecordingBackend
-
     return RecordingBackend()

@@ -50,7 +50,7 @@ from ..probe.host_reads import (
     op_host_read,
     tensors_in,
 )
-from .graph import CapturedGraph, CaptureError, InjectedFailures
+from .protocol import CapturedGraph, CaptureError, InjectedFailures
 from .recording_rng import recorded_rng_state
 from .rng import keep_states
 

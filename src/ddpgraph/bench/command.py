@@ -82,7 +82,13 @@ VARLEN_CPU_NOTE = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = Settings()
+    """`ddpgraph bench`'s arguments, in the order its help lists them."""
+    _what_runs(parser)
+    _how_long(parser, Settings())
+    _where_and_output(parser)
+
+
+def _what_runs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
@@ -100,6 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated strategies to run, by make_step's names (default: every available one; "
         "see --list-strategies)",
     )
+
+
+def _how_long(parser: argparse.ArgumentParser, defaults: Settings) -> None:
     parser.add_argument(
         "--steps",
         type=int,
@@ -136,6 +145,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bf16",
         help="bf16 autocast on GPU, or fp32 (default: bf16)",
     )
+
+
+def _where_and_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nproc",
         type=int,

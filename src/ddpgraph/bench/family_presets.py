@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..app.models import GPTConfig, Workload, cnn_workload, gpt_workload
-from .presets import IMAGE_SIZE, IMAGENET_CLASSES, SEQ_LEN, CausalLMLogits
+from .preset_shapes import IMAGE_SIZE, IMAGENET_CLASSES, SEQ_LEN, CausalLMLogits
 
 BERT: dict[str, Any] = {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8, "intermediate_size": 2048}
 BERT_SEQ_LEN = 128

@@ -162,32 +162,7 @@ def _measure(
         peaks = control.gather(torch.cuda.max_memory_allocated(device))
         result.peak_memory_mib = max(peaks) / MIB
     if settings.dataloader:
-        loader = loader_feed(
-            batches,
-            LOADER_WARMUP_ROUNDS * settings.loader_warmup + settings.timed_steps,
-            workers=settings.loader_workers,
-            pin_memory=case.on_cuda,
-        )
-        was_captured = runner.captured is True
-        try:
-            on_phase("DataLoader warm-up")
-            for _ in range(LOADER_WARMUP_ROUNDS):
-                control.phase(
-                    "DataLoader warm-up", lambda: steps(loader, settings.loader_warmup), label=label
-                )
-                if not was_captured or all(control.gather(runner.captured is True)):
-                    break
-            on_phase("DataLoader timing")
-            before = runner.eager_calls
-            loaded = control.phase(
-                "DataLoader timing",
-                lambda: _timed(runner, loader, settings, device, last),
-                label=label,
-            )
-            loader_eager = _since(before, runner.eager_calls)
-        finally:
-            loader.close()
-        result.feeds["dataloader"] = _feed_result(loaded, active_ms, loader_eager)
+        _measure_loader(runner, case, batches, settings, control, result, on_phase, label, steps, last, active_ms)
 
     def read_outcome() -> None:
         result.final_loss = float(last[0]) if last else None
@@ -198,6 +173,48 @@ def _measure(
 
     control.phase("reading the results", read_outcome, label=label)
 
+
+
+def _measure_loader(
+    runner: Runner,
+    case: Case,
+    batches: list[Batch],
+    settings: Settings,
+    control: Control,
+    result: StrategyResult,
+    on_phase: Callable[[str], None],
+    label: str,
+    steps: Callable[[Iterator[Batch], int], None],
+    last: list[torch.Tensor],
+    active_ms: float | None,
+) -> None:
+    """The DataLoader feed: its warm-up (again while a captured step went eager) and timing."""
+    loader = loader_feed(
+        batches,
+        LOADER_WARMUP_ROUNDS * settings.loader_warmup + settings.timed_steps,
+        workers=settings.loader_workers,
+        pin_memory=case.on_cuda,
+    )
+    was_captured = runner.captured is True
+    try:
+        on_phase("DataLoader warm-up")
+        for _ in range(LOADER_WARMUP_ROUNDS):
+            control.phase(
+                "DataLoader warm-up", lambda: steps(loader, settings.loader_warmup), label=label
+            )
+            if not was_captured or all(control.gather(runner.captured is True)):
+                break
+        on_phase("DataLoader timing")
+        before = runner.eager_calls
+        loaded = control.phase(
+            "DataLoader timing",
+            lambda: _timed(runner, loader, settings, case.device, last),
+            label=label,
+        )
+        loader_eager = _since(before, runner.eager_calls)
+    finally:
+        loader.close()
+    result.feeds["dataloader"] = _feed_result(loaded, active_ms, loader_eager)
 
 def _timed(
     runner: Runner,

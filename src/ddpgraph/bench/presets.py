@@ -26,15 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..app.models import GPTConfig, Workload, cnn_workload, gpt_workload
 from ..errors import usage_error
+from . import family_presets
+from .preset_shapes import IMAGE_SIZE, IMAGENET_CLASSES, SEQ_LEN, CausalLMLogits
 
-SEQ_LEN = 256
-IMAGE_SIZE = 224
-IMAGENET_CLASSES = 1000
 # The Llama of the presets; intermediate_size is 3× the hidden size, the ratio of
 # Llama's SwiGLU blocks (LlamaConfig's default of 11008 suits hidden size 4096).
 LLAMA: dict[str, Any] = {
@@ -45,21 +43,6 @@ LLAMA: dict[str, Any] = {
     "num_key_value_heads": 4,
     "vocab_size": 32000,
 }
-
-
-class CausalLMLogits(nn.Module):
-    """A transformers causal language model called on token ids, returning the logits.
-
-    The benchmark's loss takes a tensor; the model's output object, and the key/value
-    cache a training step has no use for, stay inside.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
 
 
 def hf_gpt2(seq_len: int = SEQ_LEN, **config: Any) -> Workload:
@@ -118,11 +101,9 @@ class Preset:
 
 def _family(builder: str) -> Callable[[], Workload]:
     """A builder of `family_presets` (BERT, mixture of experts, SyncBatchNorm, activation
-    checkpointing), imported when called: that module builds on this one."""
+    checkpointing)."""
 
     def make() -> Workload:
-        from . import family_presets
-
         made: Workload = getattr(family_presets, builder)()
         return made
 

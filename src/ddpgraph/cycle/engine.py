@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 from torch import nn
@@ -41,19 +41,18 @@ from ..errors import DdpGraphError
 from ..family.graphs import GraphFamily, shared_pool
 from ..findings import Code, Finding
 from ..inputs.arguments import flatten_call
+from ..inputs.replay import GivenCall, run_eager_call
 from ..options import CaptureOptions
-from .attempt import hold, raise_agreed, record_attempt
-from .eager_call import GivenCall, run_eager_call
+from .attempt import CaptureAttempts
 from .fallback import UnservedCalls, awaiting_decision, capture_again, fall_back
-from .policy_hooks import PolicyHooks
-from .step_record import Captured, Report, StepState, StepStats
+from .step_state import Captured, Report, StepState, StepStats
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
 _Self = TypeVar("_Self", bound="CaptureEngine[Any]")
 
 
-class CaptureEngine(PolicyHooks[R]):
+class CaptureEngine(CaptureAttempts[R]):
     """States, stats, the decision point and the transitions; the step adds its policy
     by overriding the `_policy_*` methods of `PolicyHooks`."""
 
@@ -75,7 +74,7 @@ class CaptureEngine(PolicyHooks[R]):
         self._state = StepState.WARMUP
         self._reason: Finding | None = None
         self._findings: list[Finding] = []
-        self._record: Captured | None = None
+        self._captured: Captured | None = None
         self._pending: Report | None = None
         self._since_decision = 0
         self._every = options.agree_every if self._shared else 1
@@ -122,8 +121,8 @@ class CaptureEngine(PolicyHooks[R]):
 
     @property
     def captured(self) -> Captured | None:
-        """The record of the live capture, None when there is none."""
-        return self._record
+        """The live capture, None when there is none."""
+        return self._captured
 
     def report(self, report: Report) -> None:
         """Hold `report` until the next decision point (the first report wins: one
@@ -161,7 +160,7 @@ class CaptureEngine(PolicyHooks[R]):
             return
         if can_run_graphs(self._device):
             torch.cuda.synchronize(self._device)
-        self._drop_record()
+        self._drop_captured()
         self._policy_close()
         self._state = StepState.CLOSED
 
@@ -188,15 +187,15 @@ class CaptureEngine(PolicyHooks[R]):
 
     # ----------------------------------------------------------------- replays
     def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
-        assert self._record is not None
-        record = self._family.select(self._record, leaves, spec)
+        assert self._captured is not None
+        captured = self._family.select(self._captured, leaves, spec)
         if self._pending is None:
-            self._pending = self._policy_check(record, args, kwargs, leaves, spec)
+            self._pending = self._policy_check(captured, args, kwargs, leaves, spec)
         self._since_decision += 1
         if self._since_decision >= self._every or self._policy_agrees_now():
             self._since_decision = 0
             pending = self._pending
-            adding = pending is None and self._policy_adds_graph(record)
+            adding = pending is None and self._policy_adds_graph(captured)
             if pending is not None or self._shared or adding:
                 findings = [pending.finding] if pending is not None else []
                 outcome = self._outcome(findings, pending.action if pending else Action.CONTINUE)
@@ -206,11 +205,11 @@ class CaptureEngine(PolicyHooks[R]):
                     return self._leave_graph(decision, args, kwargs, leaves, spec)
                 if decision.adds_graph:
                     return self._policy_add_graph(
-                        adding, lambda: self._serve_record(record, args, kwargs, leaves, spec), args, kwargs, leaves, spec
+                        adding, lambda: self._serve_captured(captured, args, kwargs, leaves, spec), args, kwargs, leaves, spec
                     )
-        return self._serve_record(record, args, kwargs, leaves, spec)
+        return self._serve_captured(captured, args, kwargs, leaves, spec)
 
-    def _serve_record(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _serve_captured(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         if self._pending is not None:
             # Reported, not yet agreed: eager steps pair with the peers' replays.
             self.stats.eager_steps += 1
@@ -219,19 +218,19 @@ class CaptureEngine(PolicyHooks[R]):
             self.stats.input_changes += 1
             self.stats.eager_steps += 1
             return self._eager(leaves, spec)
-        if self._policy_unserved(record, args, kwargs, leaves, spec):
+        if self._policy_unserved(captured, args, kwargs, leaves, spec):
             self.stats.eager_steps += 1
             return self._eager(leaves, spec)
-        return self._replay(record, leaves)
+        return self._replay(captured, leaves)
 
-    def _replay(self, record: Captured, leaves: list[Any]) -> R:
+    def _replay(self, captured: Captured, leaves: list[Any]) -> R:
         try:
-            outputs: R = record.recording.replay(leaves)
+            outputs: R = captured.graph.replay(leaves)
         except RuntimeError as err:  # a replay that waits on the host (the CPU backends)
             NamingStoppedRanks(f"replay {self.stats.replays + 1}", self.stats.calls, self._peers).name(err)
             raise
-        self._family.replayed(record)
-        self._policy_after_replay(record)
+        self._family.replayed(captured)
+        self._policy_after_replay(captured)
         self.stats.replays += 1
         return outputs
 
@@ -243,7 +242,7 @@ class CaptureEngine(PolicyHooks[R]):
         if decision.action is Action.RAISE:
             # This call is refused on every rank; the graph stays for later calls.
             raise DdpGraphError(summary)
-        self._drop_record()
+        self._drop_captured()
         if decision.action is Action.RECAPTURE:
             capture_again(summary)
             self._state = StepState.WARMUP
@@ -254,12 +253,12 @@ class CaptureEngine(PolicyHooks[R]):
         return self._eager(leaves, spec)
 
     # ----------------------------------------------------------------- capture
-    def _record_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _capture_and_agree(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
         """Record the step on the static inputs, agree, then replay it at once (this
         call's step) or put everything back and continue eagerly, on every rank."""
         buffer_sync = ddp_tools.will_sync_buffers(self._model)
         restore_forward_sync = ddp_tools.keep_forward_sync(self._model)
-        attempt = record_attempt(self, leaves, spec, self._options.pool)
+        attempt = self._capture_attempt(leaves, spec, self._options.pool)
         graph, outcome = attempt.graph, attempt.outcome
         if graph is not None:
             problem = self._policy_recording_problem()
@@ -269,12 +268,12 @@ class CaptureEngine(PolicyHooks[R]):
             assert self._backend is not None
             if self._backend.executes_during_capture:
                 attempt.after_stand_in()
-            self._record = hold(self, attempt, buffer_sync, args, kwargs, leaves, spec)
+            self._captured = self._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
             self._policy_captured()
             self._state = StepState.CAPTURED
             self._since_decision = 0
             log.info("captured the step in %.3f s on rank %d", attempt.seconds, current_rank())
-            return self._policy_first_replay(self._record, leaves, spec)
+            return self._policy_first_replay(self._captured, leaves, spec)
         if graph is not None:
             graph.release()
         restore_forward_sync()
@@ -284,7 +283,7 @@ class CaptureEngine(PolicyHooks[R]):
             ddp_tools.reset_reducer(self._model)
         attempt.after_failure()
         if decision.step_raised:
-            raise_agreed(self, decision, attempt.raised)
+            self._raise_agreed(decision, attempt.raised)
         self._give_up(self._summarise(decision))
         self.stats.eager_steps += 1
         return self._eager(leaves, spec)
@@ -299,17 +298,32 @@ class CaptureEngine(PolicyHooks[R]):
         self._findings = decision.findings
         return decision.summary()
 
+    def _raise_agreed(self, decision: Decision, raised: BaseException | None) -> NoReturn:
+        """The step raised while it was recorded, on some rank (the recording is undone): every
+        rank raises on this call, the rank whose step raised its own exception, as its eager
+        step would have, the others the finding that names it (none waits for it in a
+        collective). The next call records again, unless a reducer had to be reset: its next
+        steps rebuild buckets, which no graph can hold, so the step runs eagerly from then on."""
+        summary = self._summarise(decision)
+        if decision.reducer_needs_reset:
+            self._reason = summary
+            self._state = StepState.EAGER
+            self._drop_captured()
+        if raised is not None:
+            raise raised
+        raise DdpGraphError(summary)
+
     def _give_up(self, finding: Finding, *, warn: bool = True) -> None:
         self._reason = finding
         if not self._findings:
             self._findings = [finding]
         self._state = StepState.EAGER
-        self._drop_record()
+        self._drop_captured()
         fall_back(finding, self._options.on_failure, continues=self.continues, warn=warn, stacklevel=5)
         log.info("not capturing: %s", finding.format())
 
-    def _drop_record(self) -> None:
-        self._family.release_all(keep=self._record)
-        if self._record is not None:
-            self._record.recording.release()
-        self._record = None
+    def _drop_captured(self) -> None:
+        self._family.release_all(keep=self._captured)
+        if self._captured is not None:
+            self._captured.graph.release()
+        self._captured = None

@@ -42,77 +42,12 @@ from torch.utils._pytree import tree_map
 from ..agreement.agree import Outcome
 from ..ddp import build as ddp_tools
 from ..ddp.distributed import current_rank
-from .attempt import hold, raise_agreed, record_attempt
 from .engine import CaptureEngine
 from .fallback import fall_back
-from .step_record import Captured
+from .step_state import Captured
 
 R = TypeVar("R")
 _FAILED = "Calls with that input signature run eagerly on the ranks where its capture failed; the other graphs stay."
-
-
-def add_graph_call(
-    step: CaptureEngine[R], adding: bool, serve: Callable[[], R],
-    args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any,
-) -> R:
-    """This call, on a decision point where some rank adds a graph. `adding`: this rank
-    does (its signature is warmed up and unheld); `serve` runs the call as usual."""
-    backend = step._backend
-    assert backend is not None
-    runs = backend.executes_during_capture
-    outcome = Outcome(current_rank(), True)
-    out: list[R] = []
-    captured: Captured | None = None
-    after_failure: Callable[[], None] = _nothing
-    raised: BaseException | None = None
-    if adding:
-        buffer_sync = ddp_tools.will_sync_buffers(step._model)
-        # With a backend that runs it, the recording is this call's step (`out`).
-        attempt = record_attempt(step, leaves, spec, step._family.pool, ran=out)
-        outcome, after_failure, raised = attempt.outcome, attempt.after_failure, attempt.raised
-        if not runs:
-            out.clear()  # recorded, not run: the call's step is the replay below
-        if attempt.graph is not None:
-            captured = hold(step, attempt, buffer_sync, args, kwargs, leaves, spec)
-            step._family.add(captured)
-            step._record = captured
-    elif runs:
-        out.append(serve())
-    decision = step._decide(outcome)
-    if decision.step_raised:
-        if adding and not out:
-            after_failure()
-        if decision.reducer_needs_reset:
-            ddp_tools.reset_reducer(step._model)
-        raise_agreed(step, decision, raised)
-    if not decision.ok:
-        fall_back(decision.summary(), "eager", continues=_FAILED, stacklevel=4)
-    if decision.reducer_needs_reset:
-        # Releases every graph, the one just added too.
-        if adding and not out:
-            after_failure()
-        ddp_tools.reset_reducer(step._model)
-        step._give_up(step._summarise(decision))
-    elif not adding:
-        return out[0] if out else serve()
-    elif captured is None:
-        step._family.failed()
-        if out:  # the stand-in ran the step before its recording was refused
-            return out[0]
-        after_failure()
-    elif captured is not None:
-        # Added: the replay is this call's step, or the stand-in's recording was.
-        return _outputs(step, out[0]) if out else step._replay(captured, leaves)
-    if out:
-        return out[0]
-    step.stats.eager_steps += 1
-    return step._eager(leaves, spec)
-
-
-def _outputs(step: CaptureEngine[R], result: R) -> R:
-    if step._options.clone_outputs:
-        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, result)  # type: ignore[no-any-return]
-    return result
 
 
 class FamilySteps(CaptureEngine[R]):
@@ -122,20 +57,82 @@ class FamilySteps(CaptureEngine[R]):
         """Whether a recording may start on this call (the step knows its DDP counts)."""
         return True
 
-    def _policy_adds_graph(self, record: Captured) -> bool:
+    def _policy_adds_graph(self, captured: Captured) -> bool:
         # As for a replay: the captured mode and buffer broadcast; as for a capture: not
         # on an iteration where DDP samples its statistics (this rank's own count).
         return (
             self._family.may_add()
-            and self._model.training is record.training
-            and ddp_tools.will_sync_buffers(self._model) is record.buffer_sync
+            and self._model.training is captured.training
+            and ddp_tools.will_sync_buffers(self._model) is captured.buffer_sync
             and self._recordable_now()
         )
 
     def _policy_add_graph(
         self, adding: bool, serve: Callable[[], R], args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
     ) -> R:
-        return add_graph_call(self, adding, serve, args, kwargs, leaves, spec)
+        return self._add_graph_call(adding, serve, args, kwargs, leaves, spec)
+
+    def _add_graph_call(
+        self, adding: bool, serve: Callable[[], R],
+        args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any,
+    ) -> R:
+        """This call, on a decision point where some rank adds a graph. `adding`: this rank
+        does (its signature is warmed up and unheld); `serve` runs the call as usual."""
+        backend = self._backend
+        assert backend is not None
+        runs = backend.executes_during_capture
+        outcome = Outcome(current_rank(), True)
+        out: list[R] = []
+        captured: Captured | None = None
+        after_failure: Callable[[], None] = _nothing
+        raised: BaseException | None = None
+        if adding:
+            buffer_sync = ddp_tools.will_sync_buffers(self._model)
+            # With a backend that runs it, the recording is this call's step (`out`).
+            attempt = self._capture_attempt(leaves, spec, self._family.pool, ran=out)
+            outcome, after_failure, raised = attempt.outcome, attempt.after_failure, attempt.raised
+            if not runs:
+                out.clear()  # recorded, not run: the call's step is the replay below
+            if attempt.graph is not None:
+                captured = self._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
+                self._family.add(captured)
+                self._captured = captured
+        elif runs:
+            out.append(serve())
+        decision = self._decide(outcome)
+        if decision.step_raised:
+            if adding and not out:
+                after_failure()
+            if decision.reducer_needs_reset:
+                ddp_tools.reset_reducer(self._model)
+            self._raise_agreed(decision, raised)
+        if not decision.ok:
+            fall_back(decision.summary(), "eager", continues=_FAILED, stacklevel=4)
+        if decision.reducer_needs_reset:
+            # Releases every graph, the one just added too.
+            if adding and not out:
+                after_failure()
+            ddp_tools.reset_reducer(self._model)
+            self._give_up(self._summarise(decision))
+        elif not adding:
+            return out[0] if out else serve()
+        elif captured is None:
+            self._family.failed()
+            if out:  # the stand-in ran the step before its recording was refused
+                return out[0]
+            after_failure()
+        elif captured is not None:
+            # Added: the replay is this call's step, or the stand-in's recording was.
+            return self._outputs(out[0]) if out else self._replay(captured, leaves)
+        if out:
+            return out[0]
+        self.stats.eager_steps += 1
+        return self._eager(leaves, spec)
+
+    def _outputs(self, result: R) -> R:
+        if self._options.clone_outputs:
+            return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, result)  # type: ignore[no-any-return]
+        return result
 
 
 def _nothing() -> None:

@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Generic, TypeVar
 
 from ..findings import Finding
-from .step_record import Captured, Report
+from .step_state import Captured, Report
 
 R = TypeVar("R")
 
@@ -19,7 +19,7 @@ R = TypeVar("R")
 class PolicyHooks(Generic[R]):
     """The `_policy_*` methods of a capture cycle, with a guard-free step's defaults."""
 
-    def _replay(self, record: Captured, leaves: list[Any]) -> R:
+    def _replay(self, captured: Captured, leaves: list[Any]) -> R:
         raise NotImplementedError
 
     def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
@@ -41,15 +41,15 @@ class PolicyHooks(Generic[R]):
     def _policy_captured(self) -> None:
         pass
 
-    def _policy_check(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
+    def _policy_check(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
         """What the guards see before a replay that the ranks must agree on."""
         return None
 
-    def _policy_unserved(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
+    def _policy_unserved(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
         """Whether this one call runs eagerly instead (a local choice: it pairs)."""
         return False
 
-    def _policy_after_replay(self, record: Captured) -> None:
+    def _policy_after_replay(self, captured: Captured) -> None:
         pass
 
     def _policy_agrees_now(self) -> bool:
@@ -57,7 +57,7 @@ class PolicyHooks(Generic[R]):
         from what every rank counts alike)."""
         return False
 
-    def _policy_adds_graph(self, record: Captured) -> bool:
+    def _policy_adds_graph(self, captured: Captured) -> bool:
         """Whether this call would add a graph for its signature (`family`)."""
         return False
 
@@ -72,9 +72,9 @@ class PolicyHooks(Generic[R]):
         the recording, and so in a stand-in's replays) or "capture" (around the capture)."""
         return nullcontext()
 
-    def _policy_first_replay(self, record: Captured, leaves: list[Any], spec: Any) -> R:
+    def _policy_first_replay(self, captured: Captured, leaves: list[Any], spec: Any) -> R:
         """The capturing call's step (a check of the graph may run it instead)."""
-        return self._replay(record, leaves)
+        return self._replay(captured, leaves)
 
     def _policy_recapture(self) -> None:
         pass

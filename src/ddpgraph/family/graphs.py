@@ -38,7 +38,7 @@ from ..errors import usage_error
 from ..inputs.arguments import Signature, TensorMeta
 
 if TYPE_CHECKING:
-    from ..cycle.step_record import Captured, StepStats
+    from ..cycle.step_state import Captured, StepStats
 
 BeyondMaxGraphs = Literal["evict", "eager"]
 BEYOND_MAX_GRAPHS = ("evict", "eager")
@@ -110,21 +110,21 @@ class GraphFamily:
         self._seen: list[_Seen] = []
         self._failed: list[Signature] = []
         self._candidate: _Seen | None = None  # the unheld signature of this call
-        self._labels: dict[int, str] = {}  # by id of a held record: built once, read per replay
+        self._labels: dict[int, str] = {}  # by id of a held graph: built once, read per replay
 
     @property
     def enabled(self) -> bool:
         return self.max_graphs > 1
 
-    def select(self, record: Captured, leaves: list[Any], spec: Any) -> Captured:
-        """The held graph that serves this call (moved to the front), else `record`."""
+    def select(self, captured: Captured, leaves: list[Any], spec: Any) -> Captured:
+        """The held graph that serves this call (moved to the front), else `captured`."""
         if not self.members:
-            self._adopt(record)
+            self._adopt(captured)
         self._candidate = None
         if not self.enabled:
-            return record
+            return captured
         for i, member in enumerate(self.members):
-            if member.recording.serves(leaves, spec):
+            if member.graph.serves(leaves, spec):
                 if i:
                     self.members.insert(0, self.members.pop(i))
                 return member
@@ -142,12 +142,12 @@ class GraphFamily:
         """Whether a call no graph serves is a family warm-up (not worth a warning)."""
         return self._candidate is not None and (len(self.members) < self.max_graphs or self.beyond == "evict")
 
-    def add(self, record: Captured) -> None:
-        """Hold `record` first; release the least recently used graph beyond the limit."""
+    def add(self, captured: Captured) -> None:
+        """Hold `captured` first; release the least recently used graph beyond the limit."""
         self._forget()
-        self.members.insert(0, record)
+        self.members.insert(0, captured)
         while len(self.members) > self.max_graphs:
-            self.members.pop().recording.release()
+            self.members.pop().graph.release()
             self._stats.evictions += 1
         self._update()
 
@@ -157,23 +157,23 @@ class GraphFamily:
             self._failed.append(self._candidate.signature)
         self._forget()
 
-    def replayed(self, record: Captured) -> None:
-        label = self._labels.get(id(record)) or self._label(record)
+    def replayed(self, captured: Captured) -> None:
+        label = self._labels.get(id(captured)) or self._label(captured)
         self._stats.replays_per_graph[label] = self._stats.replays_per_graph.get(label, 0) + 1
 
     def release_all(self, keep: Captured | None) -> None:
         """Release every graph but `keep` (which its owner releases)."""
         for member in self.members:
             if member is not keep:
-                member.recording.release()
+                member.graph.release()
         self.members = []
         self._labels = {}
         self._candidate = None
         self._stats.graphs = 0
 
     # ----------------------------------------------------------------- internals
-    def _adopt(self, record: Captured) -> None:
-        self.members = [record]
+    def _adopt(self, captured: Captured) -> None:
+        self.members = [captured]
         self._update()
 
     def _note(self, leaves: list[Any], spec: Any) -> _Seen:
@@ -189,11 +189,11 @@ class GraphFamily:
         self._seen = [s for s in self._seen if s is not self._candidate]
         self._candidate = None
 
-    def _label(self, record: Captured) -> str:
-        label = self._labels[id(record)] = describe(record.recording.signature)
+    def _label(self, captured: Captured) -> str:
+        label = self._labels[id(captured)] = describe(captured.graph.signature)
         return label
 
     def _update(self) -> None:
-        self._labels = {id(m): self._labels.get(id(m)) or describe(m.recording.signature) for m in self.members}
+        self._labels = {id(m): self._labels.get(id(m)) or describe(m.graph.signature) for m in self.members}
         self._stats.graphs = len(self.members)
         self._stats.pool_bytes = pool_bytes(self.pool, self.device)

@@ -19,10 +19,10 @@ miss `torch.tensor(value)`, whose value hides inside a tensor by then.
 Left to others, because they are watched with their own codes or vary legitimately:
 
 * the optimizers' steps (one mark each, contents not watched): their hyper-parameters
-  are Python numbers in their kernels, followed by `step_optimizers` before every
+  are Python numbers in their kernels, followed by `safe_optimizers` before every
   replay (LR_BAKED_INTO_GRAPH), and a scheduler changes them between steps on purpose;
 * the call's own arguments: calls are compared only with calls of the same signature,
-  and a non-tensor argument that changes is `call_guard`'s (INPUT_SIGNATURE_CHANGED);
+  and a non-tensor argument that changes is `checked_calls.unservable`'s (INPUT_SIGNATURE_CHANGED);
 * profiler ranges (`record_function`), which no graph records;
 * code compiled by torch.compile: a mode on the stack is one of Dynamo's guards, so the
   watch steps out around compiled modules (`outside_compiled`), and the Python values a

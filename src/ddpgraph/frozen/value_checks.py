@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from torch import nn
 
 from ..agreement.agree import Action
-from ..cycle.step_record import Report
+from ..cycle.step_state import Report
 from ..ddp import build as ddp_tools
 from ..findings import Finding
 from ..inputs.arguments import Signature

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from .kernel_support import KernelSupport, hyperparameter_keys, is_number
+from .kernel_support import KernelSupport, hyperparameter_keys
 from .own_step import OwnStep
-from .own_updates import own_update
+from .own_updates import is_number, own_update
 
 _MISSING = object()
 # Attributes the graph-safe flags imply, set as the constructor would set them.

@@ -39,6 +39,9 @@ from typing import Any
 import torch
 from torch.optim import SGD, Optimizer
 
+from .own_step import OwnStep
+from .own_updates import is_number, own_update
+
 # Hyper-parameters the stand-in backend (CPU) holds in tensors.
 CPU_TENSOR_KEYS: tuple[str, ...] = ("lr",)
 
@@ -80,10 +83,6 @@ def graph_safe_flags(optimizer: Optimizer, device: torch.device) -> dict[str, An
         # (`alpha=-lr`), a host sync; the fused kernel takes the lr tensor as is.
         return {"fused": True, "foreach": False}
     return {"capturable": True}
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def hyperparameter_keys(optimizer: Optimizer, group: dict[str, Any]) -> list[str]:
@@ -198,7 +197,6 @@ _OWN_DTYPES = (torch.float32, torch.float64)
 def _own_keys(
     cls: type[Optimizer], options: dict[str, Any], as_tensor: tuple[str, ...], device: torch.device, dtype: torch.dtype
 ) -> tuple[str, ...]:
-    from .own_updates import own_update
 
     update = own_update(cls)
     if update is None or update.key in as_tensor or dtype not in _OWN_DTYPES or options.get("differentiable"):
@@ -292,8 +290,6 @@ def _construct(cls: type[Optimizer], params: list[torch.nn.Parameter], options: 
 
 
 def _own_step(opt: Optimizer, device: torch.device) -> Any:
-    from .own_step import OwnStep
-    from .own_updates import own_update
 
     update = own_update(opt)
     assert update is not None

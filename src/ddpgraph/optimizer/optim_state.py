@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from .kernel_support import is_number
+from .own_updates import is_number
 
 StateRefs = dict[Any, dict[str, Any]]
 

@@ -24,8 +24,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from .kernel_support import is_number
-from .own_updates import Live, OwnUpdate, tensor_dtype
+from .own_updates import Live, OwnUpdate, is_number, tensor_dtype
 
 _MISSING = object()
 

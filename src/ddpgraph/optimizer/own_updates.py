@@ -74,7 +74,7 @@ class OwnUpdate:
         """What stays a Python number in the graph: every other element, and the
         branch the live value takes."""
         live = self.live_value(value)
-        branch = (live == 0) if self.branch_at_zero and _number(live) else None
+        branch = (live == 0) if self.branch_at_zero and is_number(live) else None
         if self.element is None:
             return ("branch", branch)
         if not isinstance(value, (tuple, list)):
@@ -82,7 +82,8 @@ class OwnUpdate:
         return (len(value), tuple(v for i, v in enumerate(value) if i != self.element), branch)
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A Python int or float (not a bool): what a kernel bakes into a graph."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

@@ -1,8 +1,8 @@
 """The optimizers of one captured step, in graph-safe mode only while ddpgraph runs them.
 
-`GraphSafeOptimizers` is what a capture engine calls; the user's optimizers stay as they
-wrote them between calls (Python floats, their own flags and defaults) and exactly so
-after `close()`:
+`GraphSafeOptimizers` is the one object a captured step reaches its optimizers through;
+the user's optimizers stay as they wrote them between calls (Python floats, their own
+flags and defaults) and exactly so after `close()`:
 
     safe = GraphSafeOptimizers(optimizers, device)
     finding = safe.prepare()          # refuse (OPTIMIZER_NOT_CAPTURABLE) before any change
@@ -13,6 +13,17 @@ after `close()`:
     safe.after_load(optimizer)        # False: structure changed, capture again
     safe.released()                   # the graph was dropped
     safe.close()                      # the optimizers as given
+
+A captured step also asks it what the probe step changed (`hyperparameters`,
+`changed_by_step`) and, as a `Report` the ranks agree on, what the graph cannot follow
+(`check` before each replay, `check_load` after a load while captured): a
+hyper-parameter the graph holds as a Python number changed (LR_BAKED_INTO_GRAPH, eager
+steps; the mirrored ones are filled into the graph's tensors instead; a cycled
+`betas[0]` or `momentum` that ddpgraph's own update can follow: captured again), a param
+group added or removed (captured again), `optimizer.state` replaced or entries added or
+removed, and a `load_state_dict` whose state cannot be copied into the captured tensors
+(OPTIMIZER_STATE_REPLACED, captured again). Not seen: a single state tensor replaced by
+hand inside an entry (`state[p]["exp_avg"] = t`).
 
 "Eager training" with the same settings, the reference a graphed run is compared with, is
 the step run inside `installed()`: the graph-safe kernels with the mirrored tensors. Every
@@ -29,7 +40,9 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from ..findings import Finding
+from ..agreement.agree import Action
+from ..cycle.step_state import Report
+from ..findings import Code, Finding
 from .graph_safe import baked_finding, followed_finding, refusal
 from .hyperparams import HyperparamMirror
 from .kernel_support import kernel_support
@@ -53,14 +66,25 @@ class ReplayChange:
     recapture: bool = False
 
 
+@dataclass(frozen=True)
+class CapturedLayout:
+    """One optimizer's layout as captured: its state container, entries and param groups."""
+
+    container: Any
+    entries: int
+    groups: int
+
+
 class GraphSafeOptimizers:
     def __init__(self, optimizers: Sequence[Optimizer], device: torch.device) -> None:
         self.optimizers = list(optimizers)
         self.device = device
         self.mirrors: list[HyperparamMirror] = []
         self._captured: list[StateRefs] | None = None
+        self._layouts: list[CapturedLayout] = []
         self._pending: Finding | None = None
         self._hooks: list[Any] = []
+        self._prepared = False
 
     def refusal(self, *, python_replays: bool = True) -> Finding | None:
         """Why one of them has no graph-safe mode here, found without changing any.
@@ -70,7 +94,14 @@ class GraphSafeOptimizers:
         return next((f for f in found if f), None)
 
     def prepare(self) -> Finding | None:
-        """Check every optimizer, then mirror it; a refusal changes nothing."""
+        """Check every optimizer, then mirror it; a refusal changes nothing. Again before a
+        capture or after a load while warming up: the mirrors follow the optimizers as they
+        are now (param groups added, a checkpoint loaded)."""
+        if self._prepared:
+            if self._captured is None:
+                for opt in self.optimizers:
+                    self.after_load(opt)
+            return None
         finding = self.refusal()
         if finding is not None:
             return finding
@@ -79,6 +110,7 @@ class GraphSafeOptimizers:
             if self.device.type == "cuda":
                 scalars_to_device(opt)
             self._hooks.append(opt.register_state_dict_post_hook(self._plain_state_dict))
+        self._prepared = True
         return None
 
     def _mirror(self, opt: Optimizer, previous: HyperparamMirror | None = None) -> HyperparamMirror:
@@ -129,11 +161,13 @@ class GraphSafeOptimizers:
     def captured(self) -> None:
         """The graph now reads these state tensors and holds the Python-number values."""
         self._captured = [state_refs(opt) for opt in self.optimizers]
+        self._layouts = [CapturedLayout(opt.state, len(opt.state), len(opt.param_groups)) for opt in self.optimizers]
         for mirror in self.mirrors:
             mirror.freeze()
 
     def released(self) -> None:
         self._captured = None
+        self._layouts = []
         self._pending = None
         for mirror in self.mirrors:
             mirror.thaw()
@@ -156,6 +190,37 @@ class GraphSafeOptimizers:
                 return ReplayChange(followed_finding(frozen[0], mirror.optimizer), recapture=True)
             return ReplayChange(baked_finding(changes, mirror.optimizer))
         return None
+
+    def check(self) -> Report | None:
+        """Before a replay: fill the changed mirrored values; a change the graph cannot
+        follow, as a report."""
+        for opt, layout in zip(self.optimizers, self._layouts, strict=True):
+            if opt.state is not layout.container or len(opt.state) != layout.entries:
+                return _replaced(opt, "its `state` was replaced or entries were added or removed by hand")
+        change = self.before_replay()
+        if change is None:
+            return None
+        regrouped = any(len(o.param_groups) != r.groups for o, r in zip(self.optimizers, self._layouts, strict=True))
+        return Report(change.finding, Action.RECAPTURE if regrouped or change.recapture else Action.EAGER)
+
+    def hyperparameters(self) -> list[list[dict[str, Any]]]:
+        """Every param group's hyper-parameters, copied (before the probe step)."""
+        return [_hyperparameter_values(opt) for opt in self.optimizers]
+
+    def changed_by_step(self, before: list[list[dict[str, Any]]]) -> list[Finding]:
+        """What the probe step changed of `hyperparameters()`'s values."""
+        return _hyperparameter_changes(self.optimizers, before)
+
+    def check_load(self, optimizer: Optimizer) -> Report | None:
+        """Called by the load hook while captured: copy the loaded values into the
+        captured tensors, or report that they cannot be."""
+        index = self._index(optimizer)
+        if self.after_load(optimizer):
+            if self._layouts:
+                layout = self._layouts[index]
+                self._layouts[index] = CapturedLayout(optimizer.state, len(optimizer.state), layout.groups)
+            return None
+        return _replaced(optimizer, "`load_state_dict` loaded state with another structure than the captured one")
 
     def after_load(self, optimizer: Optimizer) -> bool:
         """After `optimizer.load_state_dict`: copy the loaded state into the captured
@@ -185,3 +250,55 @@ class GraphSafeOptimizers:
         self._hooks.clear()
         self.mirrors = []
         self._captured = None
+        self._layouts = []
+
+
+def _replaced(optimizer: Optimizer, why: str) -> Report:
+    return Report(
+        Finding(
+            Code.OPTIMIZER_STATE_REPLACED,
+            f"`{type(optimizer).__name__}`: {why}; the graph is dropped and the step will be captured again",
+            subject="`CapturedStep`",
+        ),
+        Action.RECAPTURE,
+    )
+
+
+def _hyperparameter_values(optimizer: Optimizer) -> list[dict[str, Any]]:
+    return [{k: _copy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def _copy(value: Any) -> Any:
+    # A list is copied too: the step may change it in place (`group["betas"][0] = b`).
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    return list(value) if isinstance(value, list) else value
+
+
+def _hyperparameter_changes(optimizers: Sequence[Optimizer], before: list[list[dict[str, Any]]]) -> list[Finding]:
+    """Hyper-parameters the step function itself changed (a scheduler stepped inside it):
+    replays would repeat the value set while recording."""
+    found: list[Finding] = []
+    for opt, groups in zip(optimizers, before, strict=True):
+        for i, (group, old) in enumerate(zip(opt.param_groups, groups, strict=False)):
+            for key, was in old.items():
+                now = group.get(key)
+                if isinstance(was, torch.Tensor) and isinstance(now, torch.Tensor):
+                    changed = was.shape != now.shape or not torch.equal(was, now.to(was.device))
+                else:
+                    changed = isinstance(was, torch.Tensor) != isinstance(now, torch.Tensor) or (
+                        not isinstance(was, torch.Tensor) and was != now
+                    )
+                if changed:
+                    found.append(
+                        Finding(
+                            Code.LR_BAKED_INTO_GRAPH,
+                            f"the step function changes `{type(opt).__name__}."
+                            f"param_groups[{i}]['{key}']`; a replay would repeat the value "
+                            "set while recording instead of the schedule",
+                            "step schedulers and change hyper-parameters outside the "
+                            "captured function, after the call",
+                            subject="captured function",
+                        )
+                    )
+    return found

@@ -6,7 +6,7 @@ DDP warm-up arithmetic, the probe step's checks, what a failed capture puts back
 the guards consulted before each replay. The guards only report:
 
 * `param_guard`: parameter storage or `requires_grad` changed (re-capture);
-* `step_optimizers`: hyper-parameters, param groups, state replaced or loaded with
+* `safe_optimizers`: hyper-parameters, param groups, state replaced or loaded with
   another structure (re-capture, or eager steps for a Python hyper-parameter);
 * the call's signature and the model's train/eval mode (that call runs eagerly, a
   local choice that pairs with the peers' replays; under `on_input_change="raise"` a
@@ -24,11 +24,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
-from ..agreement.agree import Action, Outcome
+from ..agreement.agree import Action, Decision, Outcome
 from ..backends.choice import choose_backend, needs_adoption
 from ..backends.graph import CudaGraphBackend
 from ..backends.rng import generators_refusal
-from ..cycle.step_record import Captured, Report, StepState, has_peers
+from ..cycle.step_state import Captured, Report, StepState, has_peers
 from ..ddp import build as ddp_tools
 from ..ddp.adopt import apply_adoption
 from ..ddp.distributed import current_rank
@@ -41,14 +41,13 @@ from ..ddp.warmup import (
 from ..errors import DdpGraphUsageError
 from ..findings import Code, Finding
 from ..inputs.arguments import leaf_paths, stage_leaves, unflatten_call
-from ..optimizer.step_optimizers import StepOptimizers
+from ..optimizer.safe_optimizers import GraphSafeOptimizers
 from ..optimizer.wrappers import unwrap_optimizers
 from ..options import CaptureOptions, as_optimizers
 from ..probe.probe_checks import ProbeWatch
 from ..probe.syncs import host_sync_probe
 from ..watchdog.watch import ReplayWatchdog, watch_replays
-from .call_guard import unservable
-from .checked_calls import CheckedCalls
+from .checked_calls import CheckedCalls, unservable
 from .param_guard import ParamLayout
 from .parity import ParityRun
 from .same_path import eager_code_paths, report_capture_branch
@@ -74,7 +73,7 @@ class CapturedStep(CheckedCalls[R]):
         self, fn: Callable[..., R], *, model: nn.Module, optimizers: Optimizer | Sequence[Optimizer] | None, options: CaptureOptions
     ) -> None:
         super().__init__(fn, model, options, shared=has_peers(model))
-        self._optim = StepOptimizers([], self._device)
+        self._optim = GraphSafeOptimizers([], self._device)
         self._generators = list(options.generators)
         self._restorables: list[Restorable] = [options.scaler] if options.scaler is not None else []
         self._counter = ddp_tools.forward_counter(model)
@@ -88,22 +87,7 @@ class CapturedStep(CheckedCalls[R]):
         self._library_syncs: list[Finding] = []
         self._watchdog: ReplayWatchdog | None = None
         self._watch_values(fn)
-        # Everything that can be wrong on one rank only is found before the agreement,
-        # and nothing is changed before it: a usage error makes every rank raise.
-        usage = refusal = wrapper_refusal = None
-        try:
-            options.check()
-            # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
-            inner, wrapper_refusal = unwrap_optimizers(as_optimizers(optimizers))
-            self._optim = StepOptimizers(inner, self._device)
-            self._capture_after = checked_warmup(isinstance(model, DDP), self._counter, options.warmup_steps, NON_DDP_WARMUP_STEPS)
-            self._backend, self._stream, refusal = choose_backend(model, self._device, options.backend, options.stream)
-            if refusal is None and self._backend is not None:
-                refusal = generators_refusal(self._generators, self._device, isinstance(self._backend, CudaGraphBackend))
-            python_replays = self._backend is None or self._backend.executes_during_capture
-            refusal = refusal or wrapper_refusal or self._optim.refusal(python_replays=python_replays)
-        except DdpGraphUsageError as err:
-            usage = err.finding
+        usage, refusal = self._refusal_here(model, optimizers, options)
         found = [f for f in (usage, refusal) if f is not None]
         decision = self._decide(
             Outcome(current_rank(), not found, found, usage_error=usage is not None, warmup_steps=self._capture_after)
@@ -115,20 +99,7 @@ class CapturedStep(CheckedCalls[R]):
             summary = self._summarise(decision)
             self._give_up(summary, warn=summary.code is not Code.NO_CUDA)
         else:
-            self._capture_after = max(o.warmup_steps for o in decision.outcomes)
-            # Adoption rebuilds DDP's reducer on the capture stream, which every rank now
-            # does (none refused above); whether it took (an accumulator an earlier step's
-            # graph still holds stays on its old stream) is agreed on at once, so that a
-            # refused adoption runs every step eagerly from the first.
-            # (Agreed on every rank, adopting or not: whether a rank adopts is its own.)
-            adopted = None
-            if needs_adoption(model, self._stream):
-                adopted = apply_adoption(model, self._stream)  # type: ignore[arg-type]
-                # The rebuilt reducer starts again from iteration 0: it needs the whole
-                # warm-up of a fresh DDP model, whatever ran before.
-                self._capture_after = max(self._capture_after, default_warmup_steps(0))
-            took = [adopted] if adopted else []
-            outcome = self._decide(Outcome(current_rank(), not took, took, warmup_steps=self._capture_after))
+            outcome = self._adopt(model, decision)
             if not outcome.ok:
                 self._give_up(self._summarise(outcome))
             self._capture_after = max(o.warmup_steps for o in outcome.outcomes)
@@ -140,6 +111,45 @@ class CapturedStep(CheckedCalls[R]):
             group=ddp_tools.process_group_of(model), device=self._device, close=self.close,
         )
         self._peers = self._watchdog.board.describe_others
+
+    def _refusal_here(
+        self, model: nn.Module, optimizers: Optimizer | Sequence[Optimizer] | None, options: CaptureOptions
+    ) -> tuple[Finding | None, Finding | None]:
+        """This rank's usage error and refusal, if any, with the optimizers and backend set.
+        Everything that can be wrong on one rank only is found before the agreement,
+        and nothing is changed before it: a usage error makes every rank raise."""
+        usage = refusal = wrapper_refusal = None
+        try:
+            options.check()
+            # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
+            inner, wrapper_refusal = unwrap_optimizers(as_optimizers(optimizers))
+            self._optim = GraphSafeOptimizers(inner, self._device)
+            self._capture_after = checked_warmup(isinstance(model, DDP), self._counter, options.warmup_steps, NON_DDP_WARMUP_STEPS)
+            self._backend, self._stream, refusal = choose_backend(model, self._device, options.backend, options.stream)
+            if refusal is None and self._backend is not None:
+                refusal = generators_refusal(self._generators, self._device, isinstance(self._backend, CudaGraphBackend))
+            python_replays = self._backend is None or self._backend.executes_during_capture
+            refusal = refusal or wrapper_refusal or self._optim.refusal(python_replays=python_replays)
+        except DdpGraphUsageError as err:
+            usage = err.finding
+        return usage, refusal
+
+    def _adopt(self, model: nn.Module, decision: Decision) -> Decision:
+        """Adopt DDP's reducer onto the capture stream where it needs it; the agreed answer.
+        Adoption rebuilds DDP's reducer on the capture stream, which every rank now does
+        (none refused before); whether it took (an accumulator an earlier step's graph
+        still holds stays on its old stream) is agreed on at once, so that a refused
+        adoption runs every step eagerly from the first. (Agreed on every rank, adopting
+        or not: whether a rank adopts is its own.)"""
+        self._capture_after = max(o.warmup_steps for o in decision.outcomes)
+        adopted = None
+        if needs_adoption(model, self._stream):
+            adopted = apply_adoption(model, self._stream)  # type: ignore[arg-type]
+            # The rebuilt reducer starts again from iteration 0: it needs the whole
+            # warm-up of a fresh DDP model, whatever ran before.
+            self._capture_after = max(self._capture_after, default_warmup_steps(0))
+        took = [adopted] if adopted else []
+        return self._decide(Outcome(current_rank(), not took, took, warmup_steps=self._capture_after))
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if self._watchdog is not None:
@@ -221,7 +231,7 @@ class CapturedStep(CheckedCalls[R]):
             return self._eager(leaves, spec)
         self._optim.prepare()  # a param group added during warm-up gets its tensor lr
         self._grad_sync.before_call()
-        return self._record_call(args, kwargs, leaves, spec)
+        return self._capture_and_agree(args, kwargs, leaves, spec)
 
     def _recordable_now(self) -> bool:
         forwards = self._counter.count if self._counter else 0
@@ -233,7 +243,7 @@ class CapturedStep(CheckedCalls[R]):
         return failed_capture_undo([self._model], self._optim.optimizers, self._restorables, self._generators)
 
     def _policy_captured(self) -> None:
-        self._optim.remember()
+        self._optim.captured()
         self._layout = ParamLayout(self._model)
         super()._policy_captured()
         report_capture_branch(self._library_syncs, current_rank())
@@ -243,7 +253,7 @@ class CapturedStep(CheckedCalls[R]):
         # the probe step: that synchronisation is the evidence (CUDA stops the sync before
         # it can be seen while recording). Not once a graph of this step recorded: the
         # library's capture-time branch has then been shown to record.
-        if finding.code is Code.CAPTURE_FAILED and self._library_syncs and self._record is None:
+        if finding.code is Code.CAPTURE_FAILED and self._library_syncs and self._captured is None:
             return self._library_syncs[0]
         return finding
 
@@ -258,46 +268,46 @@ class CapturedStep(CheckedCalls[R]):
             # capture-safe path, which is what lets its step be captured at all.
             stack.enter_context(eager_code_paths())
         active = phase == "eager" or (phase == "record") == stand_in
-        stack.enter_context(self._optim.running(read_back=self._state is not StepState.CAPTURED and phase == "eager", active=active))
+        stack.enter_context(self._optim.installed(read_back=self._state is not StepState.CAPTURED and phase == "eager", active=active))
         return stack
 
-    def _policy_first_replay(self, record: Captured, leaves: list[Any], spec: Any) -> R:
+    def _policy_first_replay(self, captured: Captured, leaves: list[Any], spec: Any) -> R:
         """With `parity`, the capturing call's step runs once eagerly and once replayed
         from the same state (`parity.ParityRun`); a difference on any rank is agreed on
         and answered by `on_failure` on every rank, with the eager step's state put back."""
         parity = self._options.parity_check
         if parity is None:
-            return self._replay(record, leaves)
+            return self._replay(captured, leaves)
         makers = [r.snapshot for r in self._restorables]
         branch = self._library_syncs[0] if self._library_syncs else None
         check = ParityRun(parity, self._model, self._optim.optimizers, self._generators, makers, branch)
-        out = check.run(lambda: self._eager(leaves, spec), lambda: self._replay(record, leaves))
+        out = check.run(lambda: self._eager(leaves, spec), lambda: self._replay(captured, leaves))
         decision = self._decide(self._outcome([check.finding] if check.finding else []))
         if decision.ok:
             check.release()
             return out
         check.undo()
-        self._optim.forget()
+        self._optim.released()
         self._give_up(self._summarise(decision))
         self.stats.eager_steps += 1
         return self._eager(leaves, spec)
 
     # ----------------------------------------------------------------- captured
-    def _policy_check(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
+    def _policy_check(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
         assert self._layout is not None
         unsynced = self._grad_sync.entered_unsynced(self.stats.calls)
         report = (
             Report(unsynced, Action.EAGER) if unsynced
-            else self._values.take_report() or self._layout.check() or self._optim.check(self._options.on_failure)
+            else self._values.take_report() or self._layout.check() or self._optim.check()
         )
         if report is None and self._options.on_input_change == "raise":
-            changed = unservable(record, self._model, args, kwargs, leaves, spec)
+            changed = unservable(captured, self._model, args, kwargs, leaves, spec)
             if changed is not None:
                 report = Report(changed, Action.RAISE)
         return report
 
-    def _policy_unserved(self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
-        changed = unservable(record, self._model, args, kwargs, leaves, spec)
+    def _policy_unserved(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
+        changed = unservable(captured, self._model, args, kwargs, leaves, spec)
         if changed is not None:
             self._unserved.seen(changed)
             if not self._family.expects_unserved():  # a family warms up new signatures
@@ -307,21 +317,21 @@ class CapturedStep(CheckedCalls[R]):
         # The first step after an eval forward: eager DDP skips its buffer broadcast
         # there, the graph would not. Expected, so counted but not warned about. Or a
         # check call (`value_checks`).
-        return ddp_tools.will_sync_buffers(self._model) is not record.buffer_sync or self._check_instead(leaves, spec)
+        return ddp_tools.will_sync_buffers(self._model) is not captured.buffer_sync or self._check_instead(leaves, spec)
 
-    def _policy_after_replay(self, record: Captured) -> None:
+    def _policy_after_replay(self, captured: Captured) -> None:
         # A replay runs no Python. DDP's forward leaves this flag set, and it decides
         # whether the next forward broadcasts buffers; an eval forward in between clears
         # it, which would make that eval skip the broadcast eager training does. (Read
         # first: a plain attribute read, where nn.Module's __setattr__ is slow.)
-        if isinstance(self._model, DDP) and self._model.require_forward_param_sync is not record.forward_sync:
-            self._model.require_forward_param_sync = record.forward_sync
+        if isinstance(self._model, DDP) and self._model.require_forward_param_sync is not captured.forward_sync:
+            self._model.require_forward_param_sync = captured.forward_sync
         if self._watchdog is not None:
             self._watchdog.after_replay()
 
     def _policy_recapture(self) -> None:
         super()._policy_recapture()
-        self._optim.forget()
+        self._optim.released()
         self._layout = None
         self._probed = False
         self._grad_sync.reset()
@@ -348,13 +358,13 @@ class CapturedStep(CheckedCalls[R]):
         """Keep the graph's storage: copy loaded values into the captured tensors; a load
         that cannot be copied is reported, and re-captured once the ranks agree."""
         if self._state is StepState.CAPTURED:
-            report = self._optim.after_load(optimizer)
+            report = self._optim.check_load(optimizer)
             if report is not None:
                 self.report(report)
         elif self._backend is not None:
             # Warming up, or eager after a fallback (whose steps run in the graph-safe
             # mode too): the mirrors follow the optimizer as loaded.
-            self._optim.forget()
+            self._optim.released()
             self._setup_refusal = self._optim.prepare()
 
     def _after_model_load(self, module: nn.Module, incompatible: Any) -> None:

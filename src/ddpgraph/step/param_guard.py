@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..agreement.agree import Action
-from ..cycle.step_record import Report
+from ..cycle.step_state import Report
 from ..findings import Code, Finding
 
 _requires_grad = attrgetter("requires_grad")

@@ -14,13 +14,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..cycle.eager_call import run_eager_call
-from ..cycle.step_record import StepState, StepStats
+from ..cycle.step_state import StepState, StepStats
 from ..ddp import build as ddp_tools
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
 from ..inputs.arguments import StaticInputs, flatten_call
-from .names import STRATEGY_NAMES as STRATEGY_NAMES
+from ..inputs.replay import run_eager_call
+from .names import STRATEGY_NAMES as STRATEGY_NAMES  # re-exported: the strategies read them here
 from .names import StrategyName as StrategyName
 from .selection import SelectionReport
 
@@ -65,7 +65,7 @@ def run_eager(
     device: torch.device,
     stream: torch.cuda.Stream | None,
 ) -> R:
-    """One eager call as `capture_step` makes it (`eager_call.run_eager_call`)."""
+    """One eager call as `capture_step` makes it (`inputs.replay.run_eager_call`)."""
     leaves, spec = flatten_call(args, kwargs)
     return run_eager_call(fn, leaves, spec, device, stream)
 

@@ -44,8 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from ..agreement.agree import Action, Outcome, agree
-from ..capture import CapturedStep, StepState, StepStats
-from ..cycle.step_record import Report
+from ..cycle.step_state import Report, StepState, StepStats
 from ..ddp import build as ddp_tools
 from ..ddp.build import process_group_of
 from ..ddp.distributed import current_rank
@@ -53,6 +52,7 @@ from ..ddp.warmup import default_warmup_steps
 from ..errors import DdpGraphWarning, usage_error
 from ..findings import Code, Finding
 from ..options import CaptureOptions
+from ..step.captured_step import CapturedStep
 from .base import R, Reason, StepBase, like_static_inputs
 from .dynamo import (
     CompileSpec,

@@ -43,7 +43,7 @@ from typing_extensions import Unpack
 from ..agreement.agree import Action, Outcome
 from ..backends.graph import CudaGraphBackend
 from ..cycle.engine import CaptureEngine
-from ..cycle.step_record import Captured, Report, StepState, has_peers
+from ..cycle.step_state import Captured, Report, StepState, has_peers
 from ..ddp.distributed import current_rank
 from ..ddp.streams import can_run_graphs, capture_stream
 from ..errors import usage_error
@@ -122,7 +122,7 @@ class CapturedEval(CaptureEngine[R]):
         with evaluating(self._model):
             if self._state is StepState.CAPTURED and self._training_recaptured():
                 # The training step's capture is agreed, so every rank sees this together.
-                self._drop_record()
+                self._drop_captured()
                 self._state = StepState.WARMUP
             return super().__call__(*args, **kwargs)
 
@@ -146,7 +146,7 @@ class CapturedEval(CaptureEngine[R]):
         if self.stats.warmup_steps == 0:
             check_supported(args, kwargs)
         if self._probed and not self._training_warming_up():
-            return self._record_call(args, kwargs, leaves, spec)
+            return self._capture_and_agree(args, kwargs, leaves, spec)
         last = self.stats.warmup_steps + 1 >= (self._options.warmup_steps or 1) + self._extra_warmup
         if not last or self._probed:  # probed already: waiting for the training capture
             self.stats.warmup_steps += 1
@@ -179,18 +179,18 @@ class CapturedEval(CaptureEngine[R]):
         self._training_captures = getattr(getattr(self._training_step, "stats", None), "captures", 0)
 
     def _policy_check(
-        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+        self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
     ) -> Report | None:
-        if self._options.on_input_change == "raise" and not record.recording.serves(leaves, spec):
-            return Report(record.recording.changed_input(args, kwargs, "`CapturedEval` call", current_rank()), Action.RAISE)
+        if self._options.on_input_change == "raise" and not captured.graph.serves(leaves, spec):
+            return Report(captured.graph.changed_input(args, kwargs, "`CapturedEval` call", current_rank()), Action.RAISE)
         return None
 
     def _policy_unserved(
-        self, record: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+        self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
     ) -> bool:
-        if record.recording.serves(leaves, spec):
+        if captured.graph.serves(leaves, spec):
             return False
-        changed = record.recording.changed_input(args, kwargs, "`CapturedEval` call", current_rank())
+        changed = captured.graph.changed_input(args, kwargs, "`CapturedEval` call", current_rank())
         self._unserved.admit(changed, "This call runs eagerly")
         self.stats.input_changes += 1
         return True

@@ -279,6 +279,16 @@ def graph_submodules(
     statistics) and RNG states as they were. `partial_report(model)` says what was
     graphed and why the rest was not; `ungraph_submodules(model)` undoes it all.
     """
+    root = _checked_root(model, sample_args, names)
+    records = record_forward(root, sample_args, sample_kwargs or {}, amp_dtype)
+    group = process_group_of(model)
+    graph_recorded(root, records, names=names, tolerance=tolerance, grapher=stand_in_grapher(), group=group)
+    return model
+
+
+def _checked_root(model: nn.Module, sample_args: tuple[Any, ...], names: Sequence[str] | None) -> nn.Module:
+    """The module `graph_submodules` graphs (a DDP model's `.module`); a usage error for
+    arguments it cannot graph."""
     root = inner_module(model)
     if not isinstance(root, nn.Module):
         raise usage_error("`graph_submodules(model)`", f"expected a torch.nn.Module, got {type(model).__name__}", "pass the model to train")
@@ -310,10 +320,7 @@ def graph_submodules(
             "this model's submodules are already graphed",
             "call `ddpgraph.strategies.partial.ungraph_submodules(model)` first to graph it differently",
         )
-    records = record_forward(root, sample_args, sample_kwargs or {}, amp_dtype)
-    group = process_group_of(model)
-    graph_recorded(root, records, names=names, tolerance=tolerance, grapher=grapher, group=group)
-    return model
+    return root
 
 
 def partial_report(model: nn.Module) -> PartialReport | None:

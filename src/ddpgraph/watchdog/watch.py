@@ -51,7 +51,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from ..agreement.peers import NoBoard, PeerBoard
-from ..cycle import teardown
+from ..ddp.distributed import close_at_exit
 from ..ddp.streams import can_run_graphs
 from ..errors import DdpGraphError, usage_error
 from ..findings import Code, Finding
@@ -385,6 +385,6 @@ def watch_replays(
     """The watchdog `capture_step` builds: options checked, timeout resolved ("group": the
     process group's), and the step's bound `close` registered to run at interpreter exit."""
     check_options(replay_timeout, on_replay_timeout)
-    teardown.close_at_exit(close)
+    close_at_exit(close)
     timeout = None if replay_timeout is None else groups.timeout_s(group) if replay_timeout == "group" else float(replay_timeout)
     return ReplayWatchdog(timeout, on_replay_timeout, step_name, group, device=device)

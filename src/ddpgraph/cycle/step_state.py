@@ -1,5 +1,5 @@
 """What a captured step is and holds, apart from how it moves: its states, its counters,
-the record of a capture, and what a guard reports. Shared by the engine, its policies
+a held capture (`Captured`), and what a guard reports. Shared by the engine, its policies
 and the guards, which must not depend on the engine itself.
 """
 
@@ -18,7 +18,7 @@ from ..agreement.agree import Action, Outcome
 from ..backends.graph import CapturedGraph
 from ..findings import Finding
 from ..inputs.arguments import StaticInputs
-from ..inputs.replay import Recording
+from ..inputs.replay import ReplayableGraph
 
 __all__ = ["Captured", "Report", "StepState", "StepStats", "has_peers"]
 
@@ -68,11 +68,11 @@ class Captured:
     """What was captured, fixed at the capture call: the graph with its inputs, and the
     model's flags that a replay cannot change (it runs no Python)."""
 
-    recording: Recording[Any]
+    graph: ReplayableGraph[Any]
     training: bool
     forward_sync: bool
     buffer_sync: bool
-    policy: Any = field(default=None)  # the step's own record (its guards)
+    policy: Any = field(default=None)  # what the step keeps of this capture (its guards)
 
 
 @dataclass(frozen=True)
