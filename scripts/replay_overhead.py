@@ -24,10 +24,7 @@ import torch.distributed as dist
 
 import ddpgraph
 
-try:
-    from ddpgraph.app.models import GPTConfig, gpt_workload
-except ImportError:  # a tree from before the application moved into ddpgraph.app (OLD_SRC runs)
-    from ddpgraph.models import GPTConfig, gpt_workload  # type: ignore[no-redef]
+from ddpgraph.app.models import GPTConfig, gpt_workload
 
 
 class _IdleGraph:

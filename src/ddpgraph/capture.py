@@ -1,7 +1,8 @@
 """`capture_step`: a whole DDP training step recorded once as a CUDA graph and replayed.
 
-The step it returns is a `CapturedStep` (captured_step.py): the capture engine (engine.py,
-whose docstring states the invariant every rank keeps) plus the training step's policy.
+The step it returns is a `CapturedStep` (step/captured_step.py): the capture engine
+(cycle/engine.py, whose docstring states the invariant every rank keeps) plus the
+training step's policy.
 This module is the public entry point, in the API layer above the capture core and the
 strategies: its settings, given as `options=` or as keywords, become one `CaptureOptions`.
 

@@ -24,7 +24,7 @@ CUDA graphs hard shows on a machine without a GPU:
   a GPU, NCCL kernels are recorded, not run, too). A replay issues them over the
   process group in the recorded order, waiting for each.
 * An operation that reads tensor data on the host raises CUDA's "operation not
-  permitted when stream is capturing" (`host_reads.py`).
+  permitted when stream is capturing" (`probe/host_reads.py`).
 
 What it does not show is listed in docs/cpu-backend.md.
 """

@@ -4,7 +4,7 @@ On a GPU, an operation that makes the host wait for a kernel's result (`.item()`
 `float(t)`, `if t:`, `.tolist()`, printing a tensor, `.cpu()`, `torch.nonzero`, a
 boolean mask) cannot be recorded: CUDA fails the capture with "operation not permitted
 when stream is capturing". On CPU nothing waits, so the same step records happily. The
-recording backend (`recording.py`) refuses these operations while it records, raising
+recording backend (`backends/recording.py`) refuses these operations while it records, raising
 the error CUDA raises, so that `diagnose.py` names the cause and the user's line the
 same way on both.
 
