@@ -3,6 +3,9 @@
 `process_group` gives a test a one-process gloo group, made once per session (DDP
 construction needs one); the autouse fixture destroys any other group a test leaves
 initialised, and the session ends with no group at all.
+
+A hook starts mypy in the background once its test is among those selected
+(tests/code_checks.py says why).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import code_checks
 import ddpgraph
 from launcher import free_port
 
@@ -59,3 +63,13 @@ def _destroy_process_group_at_exit() -> Iterator[None]:
     if dist.is_initialized():
         dist.destroy_process_group()
     _owned.clear()
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they leave out
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any(item.nodeid.endswith("test_code_quality.py::test_mypy_is_clean") for item in items):
+        code_checks.start_mypy()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    code_checks.stop()
