@@ -9,8 +9,12 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the torchrun workers of doc_blocks.py import this module too
+    import pytest
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 REPO = Path(__file__).parent.parent
@@ -103,6 +107,73 @@ def run_scenarios(
     )
     (out / "torchrun.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     return collect(out, names, nproc, proc)
+
+
+# The script that runs the scenarios of several scripts in one launch.
+TOGETHER = "together.py"
+
+
+def together_name(script: str, name: str) -> str:
+    """`name` of `script` as together.py reads it: "recording:x" of a.py is "recording:a.x"."""
+    kind, sep, base = name.rpartition(":")
+    return f"{kind}{sep}{Path(script).stem}.{base}"
+
+
+@dataclass
+class _Launch:
+    """The scenarios that will share one torchrun launch of `nproc` processes."""
+
+    nproc: int
+    group_timeout_s: float | None
+    members: list[tuple[str, list[str]]] = field(default_factory=list)
+    timeout: float = 0.0
+    found: dict[str, list[dict[str, Any]]] | None = None
+
+
+_launches: dict[tuple[int, float | None], _Launch] = {}
+
+
+@dataclass
+class Batch:
+    """One test module's scenarios in a launch shared with other modules (`batched`)."""
+
+    launch: _Launch
+    script: str
+    names: list[str]
+
+    def results(self, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+        """{name: [rank0, rank1, ...]} for this module's names; the first module to ask
+        runs the whole launch, every module's scenarios in the order they were added."""
+        launch = self.launch
+        if launch.found is None:
+            timeout = "" if launch.group_timeout_s is None else f"_group_timeout{launch.group_timeout_s:g}s"
+            out = tmp_path_factory.mktemp(f"together_{launch.nproc}proc{timeout}_")
+            names = [together_name(script, n) for script, names in launch.members for n in names]
+            launch.found = {}  # a launch that raised is not run again by the next module
+            launch.found = run_scenarios(
+                TOGETHER, names, out, nproc=launch.nproc, timeout=launch.timeout,
+                group_timeout_s=launch.group_timeout_s,
+            )
+        missing = [{"error": "the shared launch did not finish (see the first test that used it)"}]
+        return {n: launch.found.get(together_name(self.script, n), missing * launch.nproc) for n in self.names}
+
+
+def batched(
+    script: str, names: list[str], *, nproc: int, timeout: float, group_timeout_s: float | None = None
+) -> Batch:
+    """`run_scenarios(script, names, ...)`, run later in one launch with the scenarios of
+    every other module that asks for the same `nproc` and `group_timeout_s`.
+
+    Call it when the module is imported: pytest imports every test module before it runs
+    any test, so the launch, made when a test first needs results, holds all of them. Its
+    time limit is the sum of the members' (`timeout` each, as for `run_scenarios`)."""
+    key = (nproc, group_timeout_s)
+    launch = _launches.get(key)
+    if launch is None or launch.found is not None:
+        launch = _launches[key] = _Launch(nproc, group_timeout_s)
+    launch.members.append((script, list(names)))
+    launch.timeout += timeout
+    return Batch(launch, script, list(names))
 
 
 def collect(
