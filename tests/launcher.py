@@ -125,36 +125,41 @@ class _Launch:
 
     nproc: int
     group_timeout_s: float | None
-    members: list[tuple[str, list[str]]] = field(default_factory=list)
-    timeout: float = 0.0
+    members: list[Batch] = field(default_factory=list)
     found: dict[str, list[dict[str, Any]]] | None = None
 
 
 _launches: dict[tuple[int, float | None], _Launch] = {}
+_batches: list[Batch] = []
 
 
-@dataclass
+@dataclass(eq=False)
 class Batch:
     """One test module's scenarios in a launch shared with other modules (`batched`)."""
 
     launch: _Launch
     script: str
     names: list[str]
+    timeout: float
+    # False once the session's selection (`-k`, a node id) left no test of its module.
+    selected: bool = True
 
     def results(self, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
         """{name: [rank0, rank1, ...]} for this module's names; the first module to ask
-        runs the whole launch, every module's scenarios in the order they were added."""
+        runs the whole launch: the scenarios of every selected module, in the order the
+        modules were imported."""
         launch = self.launch
         if launch.found is None:
+            members = [b for b in launch.members if b.selected or b is self]
             timeout = "" if launch.group_timeout_s is None else f"_group_timeout{launch.group_timeout_s:g}s"
             out = tmp_path_factory.mktemp(f"together_{launch.nproc}proc{timeout}_")
-            names = [together_name(script, n) for script, names in launch.members for n in names]
+            names = [together_name(b.script, n) for b in members for n in b.names]
             launch.found = {}  # a launch that raised is not run again by the next module
             launch.found = run_scenarios(
-                TOGETHER, names, out, nproc=launch.nproc, timeout=launch.timeout,
+                TOGETHER, names, out, nproc=launch.nproc, timeout=sum(b.timeout for b in members),
                 group_timeout_s=launch.group_timeout_s,
             )
-        missing = [{"error": "the shared launch did not finish (see the first test that used it)"}]
+        missing = [{"error": "the shared launch did not finish, or left this module out (see the first test that used it)"}]
         return {n: launch.found.get(together_name(self.script, n), missing * launch.nproc) for n in self.names}
 
 
@@ -171,9 +176,24 @@ def batched(
     launch = _launches.get(key)
     if launch is None or launch.found is not None:
         launch = _launches[key] = _Launch(nproc, group_timeout_s)
-    launch.members.append((script, list(names)))
-    launch.timeout += timeout
-    return Batch(launch, script, list(names))
+    batch = Batch(launch, script, list(names), timeout)
+    launch.members.append(batch)
+    _batches.append(batch)
+    return batch
+
+
+def select_batches(modules: list[Any]) -> None:
+    """Leave out of the shared launches the batches of modules none of whose tests the
+    session runs (tests/conftest.py calls it with the selected tests' modules): a module
+    holds its batches at its top level, alone or as the values of a dict."""
+    held: set[int] = set()
+    for module in modules:
+        for value in vars(module).values():
+            for item in value.values() if isinstance(value, dict) else [value]:
+                if isinstance(item, Batch):
+                    held.add(id(item))
+    for batch in _batches:
+        batch.selected = id(batch) in held
 
 
 def collect(
