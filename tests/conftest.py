@@ -3,6 +3,10 @@
 `process_group` gives a test a one-process gloo group, made once per session (DDP
 construction needs one); the autouse fixture destroys any other group a test leaves
 initialised, and the session ends with no group at all.
+
+Once the tests are selected, a hook starts mypy in the background if its test is among
+them (tests/code_checks.py says why), and leaves out of the shared torchrun launches the
+scenarios of modules with no test selected (`batched` in tests/launcher.py).
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import code_checks
 import ddpgraph
 from ddpgraph.ddp.distributed import DistInfo
-from launcher import free_port
+from launcher import free_port, select_batches
 
 # The group `process_group` made; any other initialised group was left by a test.
 _owned: list[object] = []
@@ -60,3 +65,14 @@ def _destroy_process_group_at_exit() -> Iterator[None]:
     if dist.is_initialized():
         dist.destroy_process_group()
     _owned.clear()
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they leave out
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    select_batches(list({id(m): m for item in items if (m := getattr(item, "module", None)) is not None}.values()))
+    if any(item.nodeid.endswith("test_code_quality.py::test_mypy_is_clean") for item in items):
+        code_checks.start_mypy()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    code_checks.stop()

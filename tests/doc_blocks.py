@@ -4,8 +4,9 @@ What a block is, from its fence's language:
 
 * ``python``: a script. Every Python block of a file runs, in order, each in a fresh
   namespace, in one torchrun launch of 2 gloo processes on CPU (tests/dist) or one
-  process per GPU over NCCL (tests/gpu); run as `python this_file.py --out DIR FILE.md`
-  under torchrun.
+  process per GPU over NCCL (tests/gpu); run as `python this_file.py --out DIR FILE.md...`
+  under torchrun. The CPU test runs every file in one launch, each file's blocks in a
+  folder of its own; blocks of later files see the processes the earlier ones left.
 * ``bash`` / ``sh`` / ``shell``: commands a user types. Each command (lines joined at a
   trailing backslash; `#` comment lines skipped) runs in a copy of the repository, in a
   virtual environment of its own that sees the installed packages (so `pip install -e .`
@@ -164,8 +165,18 @@ def _without_comment(line: str) -> str:
 def launch_python_blocks(path: Path, out: Path, nproc: int, gpu: bool, timeout: float = 600) -> dict[str, list[dict[str, Any]]]:
     """Launch the file's Python blocks under torchrun; {block name: per-rank results},
     a result with "error" for a block that failed, or never reported, on that rank."""
+    return launch_documents([path], out, nproc, gpu, timeout)[path]
+
+
+def launch_documents(
+    paths: list[Path], out: Path, nproc: int, gpu: bool, timeout: float = 600
+) -> dict[Path, dict[str, list[dict[str, Any]]]]:
+    """The Python blocks of every file of `paths`, in one torchrun launch (a launch costs
+    each process a PyTorch import): {path: {block name: per-rank results}}. Each file runs
+    in a folder of its own, out/0, out/1, ..., in the order given."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(REPO / "tests" / "doc_blocks.py"), "--out", str(out), *(["--gpu"] if gpu else []), str(path)]
+           str(REPO / "tests" / "doc_blocks.py"), "--out", str(out), *(["--gpu"] if gpu else []),
+           *[str(p) for p in paths]]
     env = torchrun_env()
     if not gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -175,12 +186,20 @@ def launch_python_blocks(path: Path, out: Path, nproc: int, gpu: bool, timeout: 
         raw = err.stderr or ""
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         done = subprocess.CompletedProcess(cmd, -1, "", f"{text}\n(stopped after {timeout} s)")
-    chosen = {
-        str(index): block.name
-        for index, block in enumerate(b for b in blocks(path) if b.language == "python" and b.runs)
-        if gpu or not block.gpu_only
-    }
-    return {chosen[k]: ranks for k, ranks in collect(out, list(chosen), nproc, done).items()}
+    found: dict[Path, dict[str, list[dict[str, Any]]]] = {}
+    for number, path in enumerate(paths):
+        chosen = {
+            str(index): block.name
+            for index, block in enumerate(b for b in blocks(path) if b.language == "python" and b.runs)
+            if gpu or not block.gpu_only
+        }
+        ranks_of = collect(_document_out(out, number), list(chosen), nproc, done)
+        found[path] = {chosen[k]: ranks for k, ranks in ranks_of.items()}
+    return found
+
+
+def _document_out(out: Path, number: int) -> Path:
+    return out / str(number)
 
 
 def failures(results: dict[str, list[dict[str, Any]]]) -> str:
@@ -233,11 +252,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gpu", action="store_true", help="also run the gpu-only blocks")
-    parser.add_argument("document", type=Path)
+    parser.add_argument("documents", type=Path, nargs="+")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    os.chdir(args.out)  # files a block writes (checkpoints) land here
-    run_python_blocks(args.document.resolve(), args.out.resolve(), args.gpu)
+    for number, document in enumerate(args.documents):
+        out = _document_out(args.out, number).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        os.chdir(out)  # files a block writes (checkpoints) land here, a folder per file
+        run_python_blocks(document.resolve(), out, args.gpu)
     import torch.distributed as dist
 
     if dist.is_initialized():

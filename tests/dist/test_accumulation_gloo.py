@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import batched, ok
 from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
@@ -26,11 +26,13 @@ PROBE_CALL = 11  # the default warm-up of a fresh DDP model ends with the probe 
 Results = dict[str, list[dict[str, Any]]]
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCHES = {n: batched(SCRIPT, both_backends(SCENARIOS), nproc=n, timeout=400, group_timeout_s=30) for n in (2, 4)}
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["2proc", "4proc"])
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Results:
-    nproc = int(request.param)
-    out = tmp_path_factory.mktemp(f"accumulation{nproc}")
-    return run_scenarios(SCRIPT, both_backends(SCENARIOS), out, nproc=nproc, timeout=400, group_timeout_s=30)
+    return LAUNCHES[int(request.param)].results(tmp_path_factory)
 
 
 def _trained_as_eager(ranks: list[dict[str, Any]]) -> None:

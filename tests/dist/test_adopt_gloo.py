@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import batched, ok
 
 pytestmark = pytest.mark.multiprocess
 
@@ -21,16 +21,19 @@ OTHERS = ["nodes_are_new", "stale_graph_refused", "builtin_hook_refused", "overr
 Results = dict[str, list[dict[str, Any]]]
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+TWO = batched("cpu_adopt.py", TRAINED + OTHERS, nproc=2, timeout=300)
+FOUR = batched("cpu_adopt.py", ["fresh", "stale_graph_refused"], nproc=4, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    out = tmp_path_factory.mktemp("adopt")
-    return run_scenarios("cpu_adopt.py", TRAINED + OTHERS, out, nproc=2, timeout=300)
+    return TWO.results(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    out = tmp_path_factory.mktemp("adopt4")
-    return run_scenarios("cpu_adopt.py", ["fresh", "stale_graph_refused"], out, nproc=4, timeout=300)
+    return FOUR.results(tmp_path_factory)
 
 
 def test_four_ranks_adopt_together_or_refuse_together(four: Results) -> None:

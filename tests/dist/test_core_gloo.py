@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios, run_scenarios_multinode
+from launcher import batched, ok, run_scenarios_multinode
 from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
@@ -45,11 +45,16 @@ def nproc(request: pytest.FixtureRequest) -> int:
     return int(request.param)
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCHES = {
+    2: batched(SCRIPT, both_backends(SCENARIOS, RECORDING_ONLY), nproc=2, timeout=240),
+    4: batched(SCRIPT, [*SCENARIOS, *both_backends([], RECORDED_AT_4)], nproc=4, timeout=240),
+}
+
+
 @pytest.fixture(scope="module")
 def results(nproc: int, tmp_path_factory: pytest.TempPathFactory) -> Results:
-    out = tmp_path_factory.mktemp(f"gloo{nproc}")
-    names = both_backends(SCENARIOS, RECORDING_ONLY) if nproc == 2 else [*SCENARIOS, *both_backends([], RECORDED_AT_4)]
-    return run_scenarios(SCRIPT, names, out, nproc=nproc, timeout=240)
+    return LAUNCHES[nproc].results(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

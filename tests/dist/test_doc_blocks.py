@@ -12,6 +12,7 @@ import site
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,22 +44,36 @@ def _python_files() -> list[Path]:
     return [p for p in documents() if any(b.language == "python" and b.runs and not b.gpu_only for b in blocks(p))]
 
 
+# The runner's own check: a block that raises on one rank only, a gpu-only block, a setup.
+RUNNER_DOC = (
+    "```python\nimport torch.distributed as dist\nassert dist.get_rank() == 0, 'not rank 0'\n```\n\n"
+    "<!-- doc-test: gpu-only -->\n```python\nraise SystemExit(3)\n```\n\n"
+    "<!-- doc-test: setup\nvalue = 41\n-->\n```python\nassert value + 1 == 42\n```\n"
+)
+Launched = dict[Path, dict[str, list[dict[str, Any]]]]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Launched, Path]:
+    """Every file's Python blocks and the runner's own document, in one torchrun launch
+    (the runner's document last: its failing block must not hide the others' results)."""
+    root = tmp_path_factory.mktemp("doc_blocks")
+    doc = root / "doc.md"
+    doc.write_text(RUNNER_DOC)
+    return doc_blocks.launch_documents([*_python_files(), doc], root / "out", nproc=2, gpu=False), doc
+
+
 @pytest.mark.parametrize("path", _python_files(), ids=lambda p: str(p.relative_to(REPO)))
-def test_python_blocks_run_on_two_cpu_processes(path: Path, tmp_path: Path) -> None:
-    results = doc_blocks.launch_python_blocks(path, tmp_path, nproc=2, gpu=False)
-    assert doc_blocks.failures(results) == ""
+def test_python_blocks_run_on_two_cpu_processes(path: Path, launched: tuple[Launched, Path]) -> None:
+    results = launched[0][path]
+    assert results and doc_blocks.failures(results) == ""
 
 
-def test_a_failing_block_and_a_gpu_only_block(tmp_path: Path) -> None:
+def test_a_failing_block_and_a_gpu_only_block(launched: tuple[Launched, Path]) -> None:
     """The runner reports a block that raises on one rank only, runs the blocks after it,
     and leaves gpu-only blocks to the GPU test."""
-    doc = tmp_path / "doc.md"
-    doc.write_text(
-        "```python\nimport torch.distributed as dist\nassert dist.get_rank() == 0, 'not rank 0'\n```\n\n"
-        "<!-- doc-test: gpu-only -->\n```python\nraise SystemExit(3)\n```\n\n"
-        "<!-- doc-test: setup\nvalue = 41\n-->\n```python\nassert value + 1 == 42\n```\n"
-    )
-    results = doc_blocks.launch_python_blocks(doc, tmp_path / "out", nproc=2, gpu=False)
+    found, doc = launched
+    results = found[doc]
     assert list(results) == [f"{doc}:1", f"{doc}:14"]
     first, last = results[f"{doc}:1"], results[f"{doc}:14"]
     assert "error" not in first[0] and "AssertionError: not rank 0" in first[1]["error"]

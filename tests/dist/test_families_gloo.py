@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from launcher import ok, run_scenarios  # noqa: E402
+from launcher import batched, ok  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 CAPTURED = ["bert", "moe", "moe_bf16", "syncbn", "ckpt", "ckpt_reentrant"]
@@ -24,20 +24,26 @@ REFUSED = {
 Results = dict[str, list[dict[str, Any]]]
 
 
-def _launch(tmp_path_factory: pytest.TempPathFactory, names: list[str], nproc: int) -> Results:
-    out = tmp_path_factory.mktemp(f"families{nproc}")
-    found = run_scenarios("families.py", [f"recording:{n}" for n in names], out, nproc=nproc, timeout=900)
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCHES = {
+    2: batched("families.py", [f"recording:{n}" for n in [*CAPTURED, *REFUSED]], nproc=2, timeout=900),
+    4: batched("families.py", ["recording:syncbn", "recording:moe"], nproc=4, timeout=900),
+}
+
+
+def _launched(tmp_path_factory: pytest.TempPathFactory, nproc: int) -> Results:
+    found = LAUNCHES[nproc].results(tmp_path_factory)
     return {name.split(":", 1)[1]: ranks for name, ranks in found.items()}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    return _launch(tmp_path_factory, [*CAPTURED, *REFUSED], 2)
+    return _launched(tmp_path_factory, 2)
 
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    return _launch(tmp_path_factory, ["syncbn", "moe"], 4)
+    return _launched(tmp_path_factory, 4)
 
 
 def _captured_like_eager(ranks: list[dict[str, Any]]) -> None:

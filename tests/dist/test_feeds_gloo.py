@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import batched, ok
 from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
@@ -22,10 +22,13 @@ EPOCHS, WARMUP = 2, 11
 Results = dict[str, list[dict[str, Any]]]
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCHES = {n: batched(SCRIPT, both_backends(SCENARIOS), nproc=n, timeout=300) for n in (2, 4)}
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["2proc", "4proc"])
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Results:
-    nproc = int(request.param)
-    return run_scenarios(SCRIPT, both_backends(SCENARIOS), tmp_path_factory.mktemp(f"feeds{nproc}"), nproc=nproc, timeout=300)
+    return LAUNCHES[int(request.param)].results(tmp_path_factory)
 
 
 def _ranks(results: Results, name: str, variant: str) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import batched, ok
 from variants import VARIANTS, both_backends, key
 
 pytestmark = pytest.mark.multiprocess
@@ -23,6 +23,15 @@ RECORDED = [*REFUSED, "flag_after_capture", "flag_after_capture_unchecked", "fla
 CLEAN = ["clean_demo_gpt", "clean_hf_gpt2", "clean_hf_llama", "clean_cnn_sgd", "clean_accumulate_scaler"]
 AT_4 = ["counter", "flag_on_one_rank", "counter_after_capture", "clean_cnn_sgd"]
 Results = dict[str, list[dict[str, Any]]]
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCHES = (
+    {
+        2: batched(SCRIPT, both_backends(CLEAN, RECORDED), nproc=2, timeout=400),
+        4: batched(SCRIPT, [f"recording:{n}" for n in AT_4], nproc=4, timeout=400),
+    }
+    if "recording" in VARIANTS
+    else {}
+)
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2proc", "4proc"])
@@ -30,9 +39,7 @@ def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     nproc = int(request.param)
     if "recording" not in VARIANTS:
         pytest.skip("frozen values show only with the recording backend")
-    out = tmp_path_factory.mktemp(f"frozen{nproc}")
-    names = both_backends(CLEAN, RECORDED) if nproc == 2 else [f"recording:{n}" for n in AT_4]
-    return run_scenarios(SCRIPT, names, out, nproc=nproc, timeout=400)
+    return LAUNCHES[nproc].results(tmp_path_factory)
 
 
 def _ranks(results: Results, name: str, variant: str = "recording") -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import batched, ok
 
 pytestmark = pytest.mark.multiprocess
 
@@ -16,10 +16,13 @@ NAMES = ["parity_mismatch_on_one_rank", "parity_passes", "checkpoint_of_another_
 Results = dict[str, list[dict[str, Any]]]
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCHES = {n: batched("cpu_optim.py", NAMES, nproc=n, timeout=300) for n in (2, 4)}
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Results:
-    out = tmp_path_factory.mktemp(f"optim_gloo_{request.param}")
-    return run_scenarios("cpu_optim.py", NAMES, out, nproc=request.param, timeout=300)
+    return LAUNCHES[int(request.param)].results(tmp_path_factory)
 
 
 def test_a_parity_mismatch_on_one_rank_gives_the_graph_up_on_every_rank(results: Results) -> None:

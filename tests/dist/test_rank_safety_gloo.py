@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import batched, ok
 from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
@@ -41,11 +41,16 @@ EVENT_CALL = 14  # the scenarios' event on the last rank comes before this call 
 Results = dict[str, list[dict[str, Any]]]
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCHES = {
+    n: batched(SCRIPT, both_backends(SCENARIOS, RECORDING_ONLY), nproc=n, timeout=400, group_timeout_s=30)
+    for n in (2, 4)
+}
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["2proc", "4proc"])
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Results:
-    nproc = int(request.param)
-    out = tmp_path_factory.mktemp(f"rank_safety{nproc}")
-    return run_scenarios(SCRIPT, both_backends(SCENARIOS, RECORDING_ONLY), out, nproc=nproc, timeout=400, group_timeout_s=30)
+    return LAUNCHES[int(request.param)].results(tmp_path_factory)
 
 
 def _ranks(results: Results, name: str, variant: str) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import batched, ok
 from variants import VARIANTS, both_backends, key
 
 pytestmark = pytest.mark.multiprocess
@@ -34,11 +34,16 @@ SCENARIOS = [*CHANGES, "sgd_momentum_set_after_capture"]
 Results = dict[str, list[dict[str, Any]]]
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCHES = {
+    2: batched(SCRIPT, both_backends(SCENARIOS), nproc=2, timeout=420),
+    4: batched(SCRIPT, [f"recording:{n}" for n in SCENARIOS if "recording" in VARIANTS], nproc=4, timeout=420),
+}
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["2proc", "4proc"])
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Results:
-    nproc = int(request.param)
-    names = both_backends(SCENARIOS) if nproc == 2 else [f"recording:{n}" for n in SCENARIOS if "recording" in VARIANTS]
-    return run_scenarios(SCRIPT, names, tmp_path_factory.mktemp(f"schedules_{nproc}"), nproc=nproc, timeout=420)
+    return LAUNCHES[int(request.param)].results(tmp_path_factory)
 
 
 def _ranks(results: Results, name: str, variant: str) -> list[dict[str, Any]]:

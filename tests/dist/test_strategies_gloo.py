@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import batched, ok
 from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
@@ -20,9 +20,13 @@ SCENARIOS = ["auto_agreement", "auto_budget", "partial_agreement", "eval_between
 Results = dict[str, list[dict[str, Any]]]
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCH = batched("cpu_strategies.py", both_backends(SCENARIOS), nproc=2, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    return run_scenarios("cpu_strategies.py", both_backends(SCENARIOS), tmp_path_factory.mktemp("strategies"), nproc=2, timeout=300)
+    return LAUNCH.results(tmp_path_factory)
 
 
 def _statuses(report: dict[str, Any]) -> dict[str, str]:

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from launcher import ok, run_scenarios  # noqa: E402
+from launcher import batched, ok  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 CAPTURED = ["cosine", "linear_bf16", "evaluate", "no_clipping", "dropout", "compiled"]
@@ -28,19 +28,25 @@ REFUSED = {
 Results = dict[str, list[dict[str, Any]]]
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+TWO = batched(
+    "trainer_train.py",
+    [f"recording:{n}" for n in [*CAPTURED, *REFUSED, "checkpoint_resume", "resume_same_trainer"]],
+    nproc=2,
+    timeout=900,
+)
+FOUR = batched("trainer_train.py", ["recording:cosine", "recording:one_rank_callback"], nproc=4, timeout=600)
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    out = tmp_path_factory.mktemp("trainer")
-    names = [f"recording:{n}" for n in [*CAPTURED, *REFUSED, "checkpoint_resume", "resume_same_trainer"]]
-    found = run_scenarios("trainer_train.py", names, out, nproc=2, timeout=900)
+    found = TWO.results(tmp_path_factory)
     return {name.split(":", 1)[1]: ranks for name, ranks in found.items()}
 
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    out = tmp_path_factory.mktemp("trainer4")
-    names = ["recording:cosine", "recording:one_rank_callback"]
-    found = run_scenarios("trainer_train.py", names, out, nproc=4, timeout=600)
+    found = FOUR.results(tmp_path_factory)
     return {name.split(":", 1)[1]: ranks for name, ranks in found.items()}
 
 

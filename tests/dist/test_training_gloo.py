@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from launcher import ok, run_scenarios
+from launcher import batched, ok
 from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
@@ -23,9 +23,13 @@ NAMES = ["scaler_agreement", "accumulation", "monitor", "checkpoint_resume", "ev
 Results = dict[str, list[dict[str, Any]]]
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCH = batched("cpu_training.py", both_backends(NAMES), nproc=2, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    return run_scenarios("cpu_training.py", both_backends(NAMES), tmp_path_factory.mktemp("training_gloo"), nproc=2, timeout=300)
+    return LAUNCH.results(tmp_path_factory)
 
 
 def _equal(r: dict[str, Any]) -> None:

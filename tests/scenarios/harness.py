@@ -60,11 +60,15 @@ def split_name(name: str) -> tuple[str, str]:
     return (kind or "pass-through"), base
 
 
-def run(registry: dict[str, Scenario]) -> None:
+def run(registry: dict[str, Scenario] | Callable[[list[str]], dict[str, Scenario]]) -> None:
+    """Run the named scenarios of `registry`: a dict, or a function of the names that
+    makes it (together.py, which imports the scripts the names come from)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("names", nargs="*")
     args = parser.parse_args()
+    if callable(registry):
+        registry = registry(args.names)
     info = init_distributed(timeout_s=float(os.environ.get("DDPGRAPH_TEST_PG_TIMEOUT", "120")))
     os.makedirs(args.out, exist_ok=True)
     for name in args.names or list(registry):

@@ -126,6 +126,7 @@ def test_torchrun_passes_every_option_to_the_workers(command: str) -> None:
         assert [parsed.training_script, *parsed.training_script_args] == ["ddpgraph", *worker], option
 
 
+@pytest.mark.slow  # two child processes that import torch
 def test_as_typed_in_a_shell_exit_2_without_a_traceback() -> None:
     env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK"}}
     for argv in (["demo", "--batch", "-1"], ["bench", "--plot", "x.txtx"]):

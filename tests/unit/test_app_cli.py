@@ -72,6 +72,7 @@ def console_script() -> Path:
     return script
 
 
+@pytest.mark.slow  # a child process that imports torch
 def test_console_script_help(console_script: Path) -> None:
     proc = subprocess.run(
         [str(console_script), "--help"],
@@ -85,6 +86,7 @@ def test_console_script_help(console_script: Path) -> None:
     assert "demo" in proc.stdout
 
 
+@pytest.mark.slow  # a child process that imports torch
 def test_console_script_without_command_exits_2(console_script: Path) -> None:
     proc = subprocess.run(
         [str(console_script)],

@@ -16,7 +16,11 @@ from ddpgraph.doctor.records import DIR_VARIABLE, RankStatus, read_records
 from ddpgraph.doctor.worker import PEER_WAIT_VARIABLE
 from doctor_scripts.expect import env as doctor_env
 
-pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="needs POSIX signals")
+# slow: each test starts a rank, a child process that imports torch.
+pytestmark = [
+    pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="needs POSIX signals"),
+    pytest.mark.slow,
+]
 
 FAILING = "raise ValueError('target batch_size 3 does not match input batch_size 4')\n"
 SLEEPING = "import time\ntime.sleep(60)\n"

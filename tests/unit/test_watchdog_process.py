@@ -14,10 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ddpgraph.watchdog.watch import EXIT_CODE
 from launcher import SCENARIOS, torchrun_env
 
 SCRIPT = SCENARIOS / "watchdog_process.py"
+pytestmark = pytest.mark.slow  # a child process that imports torch for each test
 
 
 def run_mode(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
