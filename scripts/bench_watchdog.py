@@ -43,7 +43,9 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda") if args.cuda else torch.device("cpu")
     factory = torch.cuda.Event if args.cuda else FinishedEvent
-    watchdog = ReplayWatchdog(600.0, "report", "bench", device=device, event_factory=factory, board=NoBoard())
+    watchdog = ReplayWatchdog(
+        600.0, "report", "bench", device=device, event_factory=factory, board=NoBoard()
+    )
     work = torch.zeros(1, device=device)
     before = (lambda: work.add_(1)) if args.cuda else None
     baseline = per_call_us(lambda: None, args.n, before)

@@ -30,7 +30,9 @@ def rows(report: Report, target: float) -> tuple[list[str], int]:
     for r in report.results:
         device, loader = r.feeds.get("device"), r.feeds.get("dataloader")
         if r.status != "ok" or device is None or loader is None:
-            lines.append(f"| {r.model} | {r.strategy} | {r.status} | | | | {(r.reason or '')[:80]} |")
+            lines.append(
+                f"| {r.model} | {r.strategy} | {r.status} | | | | {(r.reason or '')[:80]} |"
+            )
             continue
         ratio = loader.ms_per_step / device.ms_per_step
         ok = ratio <= target
@@ -43,11 +45,17 @@ def rows(report: Report, target: float) -> tuple[list[str], int]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--target", type=float, default=1.05, help="largest DataLoader/device ratio that passes")
+    parser.add_argument(
+        "--target", type=float, default=1.05, help="largest DataLoader/device ratio that passes"
+    )
     args = parser.parse_args(argv)
-    print(f"| model | strategy | device ms/step | DataLoader ms/step | ratio | eager calls (device / DataLoader) | within {args.target:g}x |")
+    print(
+        f"| model | strategy | device ms/step | DataLoader ms/step | ratio | eager calls (device / DataLoader) | within {args.target:g}x |"
+    )
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
     over = 0
     for path in args.files:

@@ -29,15 +29,23 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 def has_nvidia_gpu() -> bool:
     """An NVIDIA driver on this machine: its device files or its `nvidia-smi`."""
-    return Path("/proc/driver/nvidia").exists() or Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+    return (
+        Path("/proc/driver/nvidia").exists()
+        or Path("/dev/nvidia0").exists()
+        or shutil.which("nvidia-smi") is not None
+    )
 
 
-def commands(package: list[str], *, torch_installed: bool, linux: bool, nvidia: bool) -> list[list[str]]:
+def commands(
+    package: list[str], *, torch_installed: bool, linux: bool, nvidia: bool
+) -> list[list[str]]:
     """The pip commands to run, in order."""
     pip = [sys.executable, "-m", "pip", "install"]
     steps = []
     if not torch_installed and linux and not nvidia:
-        steps.append([*pip, "-c", str(ROOT / "constraints-cpu.txt"), "--index-url", CPU_INDEX, "torch"])
+        steps.append(
+            [*pip, "-c", str(ROOT / "constraints-cpu.txt"), "--index-url", CPU_INDEX, "torch"]
+        )
     steps.append([*pip, *package])
     return steps
 

@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 import ddpgraph
-
 from ddpgraph.app.models import GPTConfig, gpt_workload
 
 
@@ -45,7 +44,12 @@ class IdleBackend:
     executes_during_capture = True
 
     def capture(
-        self, fn: Callable[[], Any], *, stream: Any, pool: Any, generators: Sequence[torch.Generator] = ()
+        self,
+        fn: Callable[[], Any],
+        *,
+        stream: Any,
+        pool: Any,
+        generators: Sequence[torch.Generator] = (),
     ) -> _IdleGraph:
         return _IdleGraph(fn())
 
@@ -69,7 +73,9 @@ def captured_demo_step(**options: Any) -> tuple[Any, torch.nn.Module, torch.Tens
         opt.step()
         return loss.detach()
 
-    step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=IdleBackend(), **options)
+    step = ddpgraph.capture_step(
+        train_step, model=model, optimizer=opt, backend=IdleBackend(), **options
+    )
     while step.state is not ddpgraph.StepState.CAPTURED:
         step(x, y)
     return step, model, x, y
@@ -79,7 +85,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--no-watchdog", action="store_true", help="replay_timeout=None: the guards alone")
+    parser.add_argument(
+        "--no-watchdog", action="store_true", help="replay_timeout=None: the guards alone"
+    )
     args = parser.parse_args()
     step, model, x, y = captured_demo_step(**({"replay_timeout": None} if args.no_watchdog else {}))
     rounds = []
@@ -89,8 +97,10 @@ def main() -> None:
             step(x, y)
         rounds.append((time.perf_counter() - start) / args.calls * 1e6)
     params = sum(1 for _ in model.parameters())
-    print(f"{params} parameter tensors; host time per replayed call: "
-          f"fastest round {min(rounds):.2f} us, median {statistics.median(rounds):.2f} us")
+    print(
+        f"{params} parameter tensors; host time per replayed call: "
+        f"fastest round {min(rounds):.2f} us, median {statistics.median(rounds):.2f} us"
+    )
     step.close()
     dist.destroy_process_group()
 

@@ -35,7 +35,10 @@ def start_mypy() -> None:
     fd, name = tempfile.mkstemp(prefix="ddpgraph-mypy-", suffix=".log")
     with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mypy"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "mypy"],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             preexec_fn=_low_priority if hasattr(os, "nice") else None,
         )
     _running["mypy"] = (proc, Path(name))

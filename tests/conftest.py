@@ -69,7 +69,13 @@ def _destroy_process_group_at_exit() -> Iterator[None]:
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they leave out
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    select_batches(list({id(m): m for item in items if (m := getattr(item, "module", None)) is not None}.values()))
+    select_batches(
+        list(
+            {
+                id(m): m for item in items if (m := getattr(item, "module", None)) is not None
+            }.values()
+        )
+    )
     if any(item.nodeid.endswith("test_code_quality.py::test_mypy_is_clean") for item in items):
         code_checks.start_mypy()
 

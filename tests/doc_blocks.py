@@ -105,7 +105,15 @@ def blocks(path: Path) -> list[Block]:
             continue
         end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), len(lines))
         language = CODE_LANGUAGES.get(fence.group(1).lower(), "")
-        found.append(Block(path, i + 1, language, "\n".join(lines[i + 1 : end]) + "\n", _directives_before(lines, i)))
+        found.append(
+            Block(
+                path,
+                i + 1,
+                language,
+                "\n".join(lines[i + 1 : end]) + "\n",
+                _directives_before(lines, i),
+            )
+        )
         i = end + 1
     return found
 
@@ -118,7 +126,9 @@ def _directives_before(lines: list[str], fence: int) -> dict[str, str]:
         before = before.rstrip(" \t")
         before = before[:-1] if before.endswith("\n") else before
         start = before.rfind("<!--")
-        match = _COMMENT.fullmatch(before[start:]) if before.endswith("-->") and start >= 0 else None
+        match = (
+            _COMMENT.fullmatch(before[start:]) if before.endswith("-->") and start >= 0 else None
+        )
         if match is None:
             return found
         if match.group(1) != "file-setup":
@@ -128,7 +138,9 @@ def _directives_before(lines: list[str], fence: int) -> dict[str, str]:
 
 def file_setup(path: Path) -> str:
     return "\n".join(
-        m.group(2).strip("\n") for m in _COMMENT.finditer(path.read_text()) if m.group(1) == "file-setup"
+        m.group(2).strip("\n")
+        for m in _COMMENT.finditer(path.read_text())
+        if m.group(1) == "file-setup"
     )
 
 
@@ -162,7 +174,9 @@ def _without_comment(line: str) -> str:
     return line.split("  #")[0].split("# ")[0].strip() if "#" in line else line.strip()
 
 
-def launch_python_blocks(path: Path, out: Path, nproc: int, gpu: bool, timeout: float = 600) -> dict[str, list[dict[str, Any]]]:
+def launch_python_blocks(
+    path: Path, out: Path, nproc: int, gpu: bool, timeout: float = 600
+) -> dict[str, list[dict[str, Any]]]:
     """Launch the file's Python blocks under torchrun; {block name: per-rank results},
     a result with "error" for a block that failed, or never reported, on that rank."""
     return launch_documents([path], out, nproc, gpu, timeout)[path]
@@ -174,14 +188,25 @@ def launch_documents(
     """The Python blocks of every file of `paths`, in one torchrun launch (a launch costs
     each process a PyTorch import): {path: {block name: per-rank results}}. Each file runs
     in a folder of its own, out/0, out/1, ..., in the order given."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(REPO / "tests" / "doc_blocks.py"), "--out", str(out), *(["--gpu"] if gpu else []),
-           *[str(p) for p in paths]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(REPO / "tests" / "doc_blocks.py"),
+        "--out",
+        str(out),
+        *(["--gpu"] if gpu else []),
+        *[str(p) for p in paths],
+    ]
     env = torchrun_env()
     if not gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired as err:
         raw = err.stderr or ""
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
@@ -190,7 +215,9 @@ def launch_documents(
     for number, path in enumerate(paths):
         chosen = {
             str(index): block.name
-            for index, block in enumerate(b for b in blocks(path) if b.language == "python" and b.runs)
+            for index, block in enumerate(
+                b for b in blocks(path) if b.language == "python" and b.runs
+            )
             if gpu or not block.gpu_only
         }
         ranks_of = collect(_document_out(out, number), list(chosen), nproc, done)
@@ -204,13 +231,23 @@ def _document_out(out: Path, number: int) -> Path:
 
 def failures(results: dict[str, list[dict[str, Any]]]) -> str:
     """The errors of the blocks that failed on some rank, one after the other ("" if none)."""
-    return "\n\n".join(f"{name}:\n{r['error']}" for name, ranks in results.items() for r in ranks if "error" in r)
+    return "\n\n".join(
+        f"{name}:\n{r['error']}" for name, ranks in results.items() for r in ranks if "error" in r
+    )
 
 
 def run_commands(block: Block, cwd: Path, env: dict[str, str], timeout: float = 900) -> str:
     """Run a bash block's commands in `cwd`; what went wrong ("" if nothing)."""
     for command in block.commands():
-        done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if done.returncode != 0:
             return f"{block.name}: `{command}` exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return ""

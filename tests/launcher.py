@@ -49,7 +49,9 @@ def gpu_skip_reason(*, two_ranks: bool, world: int, found: int) -> str | None:
     return None
 
 
-def scenarios_for_world(names: list[str], two_ranks: set[str], world: int | None = None) -> list[str]:
+def scenarios_for_world(
+    names: list[str], two_ranks: set[str], world: int | None = None
+) -> list[str]:
     """The scenarios a GPU test module launches: at world size 1, not those that only its
     `two_ranks` tests read (they skip, and the run is shorter without them)."""
     unknown = two_ranks - set(names)
@@ -151,20 +153,40 @@ class Batch:
         launch = self.launch
         if launch.found is None:
             members = [b for b in launch.members if b.selected or b is self]
-            timeout = "" if launch.group_timeout_s is None else f"_group_timeout{launch.group_timeout_s:g}s"
+            timeout = (
+                ""
+                if launch.group_timeout_s is None
+                else f"_group_timeout{launch.group_timeout_s:g}s"
+            )
             out = tmp_path_factory.mktemp(f"together_{launch.nproc}proc{timeout}_")
             names = [together_name(b.script, n) for b in members for n in b.names]
             launch.found = {}  # a launch that raised is not run again by the next module
             launch.found = run_scenarios(
-                TOGETHER, names, out, nproc=launch.nproc, timeout=sum(b.timeout for b in members),
+                TOGETHER,
+                names,
+                out,
+                nproc=launch.nproc,
+                timeout=sum(b.timeout for b in members),
                 group_timeout_s=launch.group_timeout_s,
             )
-        missing = [{"error": "the shared launch did not finish, or left this module out (see the first test that used it)"}]
-        return {n: launch.found.get(together_name(self.script, n), missing * launch.nproc) for n in self.names}
+        missing = [
+            {
+                "error": "the shared launch did not finish, or left this module out (see the first test that used it)"
+            }
+        ]
+        return {
+            n: launch.found.get(together_name(self.script, n), missing * launch.nproc)
+            for n in self.names
+        }
 
 
 def batched(
-    script: str, names: list[str], *, nproc: int, timeout: float, group_timeout_s: float | None = None
+    script: str,
+    names: list[str],
+    *,
+    nproc: int,
+    timeout: float,
+    group_timeout_s: float | None = None,
 ) -> Batch:
     """`run_scenarios(script, names, ...)`, run later in one launch with the scenarios of
     every other module that asks for the same `nproc` and `group_timeout_s`.
@@ -207,7 +229,7 @@ def collect(
             if path.exists():
                 ranks.append(json.loads(path.read_text()))
             else:
-                tail = (proc.stderr[-3000:] if proc is not None else "")
+                tail = proc.stderr[-3000:] if proc is not None else ""
                 ranks.append({"error": f"no result from rank {r}; torchrun said:\n{tail}"})
         results[name] = ranks
     return results

@@ -26,7 +26,10 @@ MakeOptimizer = Callable[[list[torch.nn.Parameter]], Optimizer]
 def params(dtype: torch.dtype, device: torch.device) -> list[torch.nn.Parameter]:
     g = torch.Generator().manual_seed(0)
     shapes = [(513,), (7, 3), (1,)]  # a vectorised body, a tail, a single element
-    return [torch.nn.Parameter(torch.randn(s, generator=g).to(device=device, dtype=dtype)) for s in shapes]
+    return [
+        torch.nn.Parameter(torch.randn(s, generator=g).to(device=device, dtype=dtype))
+        for s in shapes
+    ]
 
 
 def _set_grads(ps: list[torch.nn.Parameter], k: int) -> None:
@@ -36,7 +39,12 @@ def _set_grads(ps: list[torch.nn.Parameter], k: int) -> None:
 
 
 def same_steps(
-    theirs_make: MakeOptimizer, ours_make: MakeOptimizer, key: str, values: list[Any], dtype: torch.dtype, device: torch.device
+    theirs_make: MakeOptimizer,
+    ours_make: MakeOptimizer,
+    key: str,
+    values: list[Any],
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> bool:
     theirs, ours = params(dtype, device), params(dtype, device)
     ref, opt = theirs_make(theirs), ours_make(ours)
@@ -60,4 +68,3 @@ def same_steps(
         if not all(torch.equal(ref.state[a][k], opt.state[b][k]) for k in ref.state[a]):
             return False
     return True
-

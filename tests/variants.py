@@ -17,7 +17,9 @@ VARIANTS = tuple(os.environ.get("DDPGRAPH_CPU_VARIANTS", "pass-through,recording
 
 def both_backends(names: Sequence[str], recording_only: Sequence[str] = ()) -> list[str]:
     """Every scenario under both backends, and `recording_only` under the recording one."""
-    recorded = [f"recording:{n}" for n in [*names, *recording_only]] if "recording" in VARIANTS else []
+    recorded = (
+        [f"recording:{n}" for n in [*names, *recording_only]] if "recording" in VARIANTS else []
+    )
     return [*names, *recorded] if "pass-through" in VARIANTS else recorded
 
 

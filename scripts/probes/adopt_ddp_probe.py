@@ -54,14 +54,23 @@ def run_case(case: str) -> str:
         torch.manual_seed(0)
         net = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 10)).to(dev)
         ddp = DDP(net, device_ids=[0])  # on the default stream, as users write it
-        opt = torch.optim.AdamW(ddp.parameters(), lr=torch.tensor(1e-3, device=dev), capturable=True)
+        opt = torch.optim.AdamW(
+            ddp.parameters(), lr=torch.tensor(1e-3, device=dev), capturable=True
+        )
         return ddp, opt
 
     gen = torch.Generator().manual_seed(3)
-    data = [(torch.randn(32, 64, generator=gen).to(dev), torch.randint(0, 10, (32,), generator=gen).to(dev))
-            for _ in range(WARMUP + REPLAYS)]
+    data = [
+        (
+            torch.randn(32, 64, generator=gen).to(dev),
+            torch.randint(0, 10, (32,), generator=gen).to(dev),
+        )
+        for _ in range(WARMUP + REPLAYS)
+    ]
 
-    def step(ddp: DDP, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def step(
+        ddp: DDP, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(ddp(x), y)
         loss.backward()
@@ -100,7 +109,9 @@ def run_case(case: str) -> str:
         graph.replay()
     torch.cuda.synchronize()
     same = all(torch.equal(a, b) for a, b in zip(ddp.parameters(), twin.parameters(), strict=True))
-    worst = max(float((a - b).abs().max()) for a, b in zip(ddp.parameters(), twin.parameters(), strict=True))
+    worst = max(
+        float((a - b).abs().max()) for a, b in zip(ddp.parameters(), twin.parameters(), strict=True)
+    )
     del graph
     dist.destroy_process_group()
     if worst > 1e-5:
@@ -119,7 +130,9 @@ def main() -> int:
         return 0
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, MASTER_ADDR="127.0.0.1")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(here, "..", "..", "src"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(here, "..", "..", "src"), env.get("PYTHONPATH", "")]
+    )
     wrong = 0
     print(f"{'case':<5}{'expected':<10}{'got':<6}detail")
     for case, title in CASES.items():
@@ -127,16 +140,26 @@ def main() -> int:
             s.bind(("127.0.0.1", 0))
             env["MASTER_PORT"] = str(s.getsockname()[1])
         try:
-            proc = subprocess.run([sys.executable, __file__, "--case", case], env=env,
-                                  capture_output=True, text=True, timeout=300, check=False)
+            proc = subprocess.run(
+                [sys.executable, __file__, "--case", case],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             result = "FAIL hung for 300 s"
         else:
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            result = lines[-1][len("RESULT "):] if lines else f"FAIL crashed: {proc.stderr.strip().splitlines()[-1:]}"
+            result = (
+                lines[-1][len("RESULT ") :]
+                if lines
+                else f"FAIL crashed: {proc.stderr.strip().splitlines()[-1:]}"
+            )
         got = result.split()[0]
         wrong += got not in (EXPECTED[case], "SKIP")
-        print(f"{case:<5}{EXPECTED[case]:<10}{got:<6}{title}: {result[len(got) + 1:]}")
+        print(f"{case:<5}{EXPECTED[case]:<10}{got:<6}{title}: {result[len(got) + 1 :]}")
     print("all cases as expected" if not wrong else f"{wrong} case(s) not as expected")
     return 1 if wrong else 0
 

@@ -121,11 +121,15 @@ CASES: dict[str, Case] = {
     "torch.nonzero": _host_read(torch.nonzero),
     "t[mask]": _host_read(lambda t: t[t > 0]),
     "torch.unique": _host_read(torch.unique),
-    "repeat_interleave(tensor)": _host_read(lambda t: torch.repeat_interleave(t, (t > 0).long() + 1)),
+    "repeat_interleave(tensor)": _host_read(
+        lambda t: torch.repeat_interleave(t, (t > 0).long() + 1)
+    ),
     "bincount": _host_read(lambda t: torch.bincount((t > 0).long())),
     "masked_fill (no read)": _mask_fill,
     "t[mask] = 0": _mask_assign,
-    "index_put_(mask, accumulate=True)": _host_read(lambda t: t.clone().index_put_((t > 0,), torch.tensor(1.0), accumulate=True)),
+    "index_put_(mask, accumulate=True)": _host_read(
+        lambda t: t.clone().index_put_((t > 0,), torch.tensor(1.0), accumulate=True)
+    ),
     "float lr changed after capture": _float_lr,
     "dropout across replays": _dropout_fresh,
     "in-place update, before and after replays": _nothing_until_replay,
@@ -180,7 +184,10 @@ def main() -> int:
     for name, on_gpu, on_cpu, verdict in rows:
         print(f"{name:<{width}}  {on_gpu:<40}  {on_cpu:<40}  {verdict}")
     failed = [r[0] for r in rows if r[3] == "FAIL"]
-    print(f"{len(rows) - len(failed)}/{len(rows)} agree" + (f"; differ: {', '.join(failed)}" if failed else ""))
+    print(
+        f"{len(rows) - len(failed)}/{len(rows)} agree"
+        + (f"; differ: {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 

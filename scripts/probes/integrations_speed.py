@@ -71,7 +71,7 @@ def _timed(run_step: Callable[[Any, Any], Any], data: list[Any]) -> float:
         run_step(x, y)
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for x, y in data[STEPS - TIMED:]:
+    for x, y in data[STEPS - TIMED :]:
         run_step(x, y)
     torch.cuda.synchronize()
     return (time.perf_counter() - start) * 1000 / TIMED
@@ -115,14 +115,24 @@ def accelerate(info: DistInfo, model: Model, captured: bool) -> tuple[float, str
     return _run(info, train_step, net, opt, captured, _data(info, model))
 
 
-def _run(info: DistInfo, train_step: Callable[..., Any], model: nn.Module, opt: Any,
-         captured: bool, data: list[Any]) -> tuple[float, str]:
+def _run(
+    info: DistInfo,
+    train_step: Callable[..., Any],
+    model: nn.Module,
+    opt: Any,
+    captured: bool,
+    data: list[Any],
+) -> tuple[float, str]:
     if not captured:
         ddpgraph.graph_safe_optimizer(getattr(opt, "optimizer", opt))
         return _timed(train_step, data), ""
     with ddpgraph.capture_step(train_step, model=model, optimizer=opt) as step:
         ms = _timed(step, data)
-        note = "" if step.state is ddpgraph.StepState.CAPTURED else (step.reason.code.value if step.reason else step.state.value)
+        note = (
+            ""
+            if step.state is ddpgraph.StepState.CAPTURED
+            else (step.reason.code.value if step.reason else step.state.value)
+        )
     return ms, note
 
 
@@ -155,7 +165,9 @@ def lightning(info: DistInfo, model: Model, captured: bool) -> tuple[float, str]
             if not captured:
                 ddpgraph.graph_safe_optimizer(trainer.optimizers[0])
 
-        def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, i: int) -> None:
+        def on_train_batch_start(
+            self, trainer: L.Trainer, module: L.LightningModule, batch: Any, i: int
+        ) -> None:
             if i in (STEPS - TIMED, STEPS - 1):
                 torch.cuda.synchronize()
                 self.times[i] = time.perf_counter()
@@ -164,13 +176,26 @@ def lightning(info: DistInfo, model: Model, captured: bool) -> tuple[float, str]
     loader = DataLoader(data, batch_size=None)
     graphs = CUDAGraphCallback()
     clock = Clock()
-    trainer = L.Trainer(accelerator="gpu", devices=info.world_size, strategy="ddp", max_epochs=1,
-                        precision="bf16-mixed", callbacks=[clock, *([graphs] if captured else [])],
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, use_distributed_sampler=False)
+    trainer = L.Trainer(
+        accelerator="gpu",
+        devices=info.world_size,
+        strategy="ddp",
+        max_epochs=1,
+        precision="bf16-mixed",
+        callbacks=[clock, *([graphs] if captured else [])],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+    )
     trainer.fit(Module(), loader)
     ms = (clock.times[STEPS - 1] - clock.times[STEPS - TIMED]) * 1000 / (TIMED - 1)
-    note = "" if not captured or graphs.state == "captured" else (graphs.reason.code.value if graphs.reason else graphs.state)
+    note = (
+        ""
+        if not captured or graphs.state == "captured"
+        else (graphs.reason.code.value if graphs.reason else graphs.state)
+    )
     return ms, note
 
 
@@ -193,12 +218,19 @@ def main() -> None:
             graphed, note = run(info, model, True)
             rows.append((model_name, run_name, eager, graphed, note))
     if info.is_main:
-        print(f"world size {info.world_size}, torch {torch.__version__}, batch {BATCH}, bf16, ms/step over {TIMED} steps")
+        print(
+            f"world size {info.world_size}, torch {torch.__version__}, batch {BATCH}, bf16, ms/step over {TIMED} steps"
+        )
         print(f"{'model':<9}{'built by':<12}{'eager':>8}{'captured':>10}{'speedup':>9}  note")
         for model_name, run_name, eager, graphed, note in rows:
             speed = f"{eager / graphed:.2f}x" if not note else "-"
             print(f"{model_name:<9}{run_name:<12}{eager:>8.2f}{graphed:>10.2f}{speed:>9}  {note}")
-        print("median speedup:", f"{statistics.median(e / g for _, _, e, g, n in rows if not n):.2f}x" if any(not r[4] for r in rows) else "-")
+        print(
+            "median speedup:",
+            f"{statistics.median(e / g for _, _, e, g, n in rows if not n):.2f}x"
+            if any(not r[4] for r in rows)
+            else "-",
+        )
     shutdown()
 
 

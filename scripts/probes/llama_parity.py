@@ -51,7 +51,16 @@ from ddpgraph.ddp.streams import capture_stream, on_stream
 from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
 
 BATCH, SEQ = 8, 256
-VARIANTS = ["baseline", "capture_check_kept", "sdpa=flash", "sdpa=efficient", "sdpa=math", "sdpa=cudnn", "eager_on_capture_stream", "deterministic"]
+VARIANTS = [
+    "baseline",
+    "capture_check_kept",
+    "sdpa=flash",
+    "sdpa=efficient",
+    "sdpa=math",
+    "sdpa=cudnn",
+    "eager_on_capture_stream",
+    "deterministic",
+]
 
 
 def build(name: str) -> tuple[torch.nn.Module, Callable[[int], tuple[torch.Tensor, torch.Tensor]]]:
@@ -59,7 +68,15 @@ def build(name: str) -> tuple[torch.nn.Module, Callable[[int], tuple[torch.Tenso
     if name == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        cfg = LlamaConfig(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, vocab_size=32000, intermediate_size=1376, max_position_embeddings=SEQ)
+        cfg = LlamaConfig(
+            hidden_size=512,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            vocab_size=32000,
+            intermediate_size=1376,
+            max_position_embeddings=SEQ,
+        )
         cfg._attn_implementation = "sdpa"
         model: torch.nn.Module = LlamaForCausalLM(cfg)
     elif name == "gpt2":
@@ -77,14 +94,18 @@ def build(name: str) -> tuple[torch.nn.Module, Callable[[int], tuple[torch.Tenso
     def batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(1000 + i)
         if name == "vit":
-            return torch.randn(BATCH, 3, 224, 224, generator=g), torch.randint(0, 1000, (BATCH,), generator=g)
+            return torch.randn(BATCH, 3, 224, 224, generator=g), torch.randint(
+                0, 1000, (BATCH,), generator=g
+            )
         tokens = torch.randint(0, vocab, (BATCH, SEQ), generator=g)
         return tokens, tokens
 
     return model.cuda(), batch
 
 
-def step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer, vision: bool, bf16: bool) -> Callable[..., torch.Tensor]:
+def step_fn(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, vision: bool, bf16: bool
+) -> Callable[..., torch.Tensor]:
     def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
@@ -122,7 +143,12 @@ def variant_context(variant: str) -> contextlib.AbstractContextManager[Any]:
     if variant.startswith("sdpa="):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}[variant[5:]]
+        backend = {
+            "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "math": SDPBackend.MATH,
+            "cudnn": SDPBackend.CUDNN_ATTENTION,
+        }[variant[5:]]
         stack.enter_context(sdpa_kernel([backend]))
     return stack
 
@@ -139,7 +165,9 @@ def _capture_check_kept() -> Iterator[None]:
         same_path.CAPTURE_CHECKS = kept
 
 
-def train(name: str, bf16: bool, captured: bool, variant: str, steps: int, *, inspect: bool = False) -> dict[str, Any]:
+def train(
+    name: str, bf16: bool, captured: bool, variant: str, steps: int, *, inspect: bool = False
+) -> dict[str, Any]:
     model, batch = build(name)
     ddp = ddpgraph.prepare_ddp(model, device_ids=[torch.cuda.current_device()])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
@@ -148,6 +176,7 @@ def train(name: str, bf16: bool, captured: bool, variant: str, steps: int, *, in
     log_per_call: list[set[str]] = []
     traced = fn
     if inspect:
+
         def traced(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             with AttentionLog() as mode:
                 out = fn(x, y)
@@ -159,7 +188,11 @@ def train(name: str, bf16: bool, captured: bool, variant: str, steps: int, *, in
     else:
         safe = GraphSafeOptimizers([opt], torch.device("cuda", torch.cuda.current_device()))
         assert safe.prepare() is None
-        stream = capture_stream(torch.device("cuda", torch.cuda.current_device())) if variant == "eager_on_capture_stream" else None
+        stream = (
+            capture_stream(torch.device("cuda", torch.cuda.current_device()))
+            if variant == "eager_on_capture_stream"
+            else None
+        )
 
         def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             with safe.installed(), on_stream(stream):
@@ -173,9 +206,18 @@ def train(name: str, bf16: bool, captured: bool, variant: str, steps: int, *, in
             losses.append(float(step(x.cuda(), y.cuda())))
             sched.step()
         kernels = _kernels(step, batch(steps)) if inspect else []
-    out: dict[str, Any] = {"losses": losses, "params": [p.detach().float().clone() for p in model.parameters()], "kernels": kernels, "log": log_per_call}
+    out: dict[str, Any] = {
+        "losses": losses,
+        "params": [p.detach().float().clone() for p in model.parameters()],
+        "kernels": kernels,
+        "log": log_per_call,
+    }
     if captured:
-        out["state"], out["reason"], out["warmup"] = step.state.value, step.reason and step.reason.code.value, step.stats.warmup_steps
+        out["state"], out["reason"], out["warmup"] = (
+            step.state.value,
+            step.reason and step.reason.code.value,
+            step.stats.warmup_steps,
+        )
         step.close()
     return out
 
@@ -190,7 +232,10 @@ def _kernels(step: Callable[..., Any], xy: tuple[torch.Tensor, torch.Tensor]) ->
 
 
 def compare(ref: dict[str, Any], got: dict[str, Any]) -> tuple[float, float]:
-    num = sum(float((a - b).double().pow(2).sum()) for a, b in zip(ref["params"], got["params"], strict=True))
+    num = sum(
+        float((a - b).double().pow(2).sum())
+        for a, b in zip(ref["params"], got["params"], strict=True)
+    )
     den = sum(float(a.double().pow(2).sum()) for a in ref["params"])
     loss = max(abs(a - b) for a, b in zip(ref["losses"], got["losses"], strict=True))
     return (num / den) ** 0.5, loss
@@ -207,9 +252,22 @@ def rows_for(name: str, variant: str, steps: int) -> list[dict[str, Any]]:
             again = train(name, bf16, False, variant, steps) if variant == "baseline" else None
             got = train(name, bf16, True, variant, steps, inspect=inspect)
         except Exception as err:  # a backend this model or GPU cannot use
-            rows.append({"model": name, "dtype": "bf16" if bf16 else "fp32", "variant": variant, "error": f"{type(err).__name__}: {str(err)[:80]}"})
+            rows.append(
+                {
+                    "model": name,
+                    "dtype": "bf16" if bf16 else "fp32",
+                    "variant": variant,
+                    "error": f"{type(err).__name__}: {str(err)[:80]}",
+                }
+            )
             continue
-        row: dict[str, Any] = {"model": name, "dtype": "bf16" if bf16 else "fp32", "variant": variant, "state": got["state"], "reason": got["reason"]}
+        row: dict[str, Any] = {
+            "model": name,
+            "dtype": "bf16" if bf16 else "fp32",
+            "variant": variant,
+            "state": got["state"],
+            "reason": got["reason"],
+        }
         row["eager_vs_eager"] = compare(ref, again)[0] if again else None
         row["param_rel"], row["loss_diff"] = compare(ref, got)
         if inspect:
@@ -224,14 +282,33 @@ def rows_for(name: str, variant: str, steps: int) -> list[dict[str, Any]]:
 
 def child_rows(name: str, variant: str, steps: int) -> list[dict[str, Any]]:
     # A process group of its own: none of this process's launcher variables.
-    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("TORCHELASTIC")}
+    launcher = (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in launcher and not k.startswith("TORCHELASTIC")
+    }
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     cmd = [sys.executable, __file__, "--models", name, "--steps", str(steps), "--child", variant]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if not lines:
-        return [{"model": name, "variant": variant, "dtype": "-", "error": (out.stderr or "no output")[-120:]}]
+        return [
+            {
+                "model": name,
+                "variant": variant,
+                "dtype": "-",
+                "error": (out.stderr or "no output")[-120:],
+            }
+        ]
     return [json.loads(ln) for ln in lines]
 
 
@@ -251,7 +328,11 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for name in args.models.split(","):
         for variant in args.variants.split(","):
-            found = child_rows(name, variant, args.steps) if variant == "deterministic" else rows_for(name, variant, args.steps)
+            found = (
+                child_rows(name, variant, args.steps)
+                if variant == "deterministic"
+                else rows_for(name, variant, args.steps)
+            )
             for row in found:
                 rows.append(row)
                 if info.is_main:
@@ -263,12 +344,23 @@ def main() -> None:
 
 def _print(row: dict[str, Any]) -> None:
     if "error" in row:
-        print(f"{row['model']:6} {row['dtype']:5} {row['variant']:34} ERROR {row['error']}", flush=True)
+        print(
+            f"{row['model']:6} {row['dtype']:5} {row['variant']:34} ERROR {row['error']}",
+            flush=True,
+        )
         return
     ee = "-" if row["eager_vs_eager"] is None else f"{row['eager_vs_eager']:.2e}"
     verdict = "PASS" if row["param_rel"] == 0 and row["loss_diff"] == 0 else "FAIL"
-    print(f"{row['model']:6} {row['dtype']:5} {row['variant']:34} {row['state']:9} eager/eager {ee:9} captured/eager {row['param_rel']:.2e} loss {row['loss_diff']:.2e} {verdict}", flush=True)
-    for key in ("attention_eager", "attention_recording", "kernels_only_eager", "kernels_only_replay"):
+    print(
+        f"{row['model']:6} {row['dtype']:5} {row['variant']:34} {row['state']:9} eager/eager {ee:9} captured/eager {row['param_rel']:.2e} loss {row['loss_diff']:.2e} {verdict}",
+        flush=True,
+    )
+    for key in (
+        "attention_eager",
+        "attention_recording",
+        "kernels_only_eager",
+        "kernels_only_replay",
+    ):
         if key in row:
             print(f"    {key}: {row[key]}", flush=True)
 

@@ -84,7 +84,9 @@ def workloads(names: list[str], smoke: bool) -> dict[str, Workload]:
     out: dict[str, Workload] = {}
     for name in names:
         if name == "gpt":
-            out[name] = gpt_workload(GPTConfig(vocab=64, block=16, layers=2, dim=32, heads=2) if smoke else None)
+            out[name] = gpt_workload(
+                GPTConfig(vocab=64, block=16, layers=2, dim=32, heads=2) if smoke else None
+            )
         elif name == "hf-gpt2":
             try:
                 from ddpgraph.bench.presets import hf_gpt2
@@ -92,7 +94,14 @@ def workloads(names: list[str], smoke: bool) -> dict[str, Workload]:
                 print(f"hf-gpt2 skipped: {err}")
                 continue
             try:
-                tiny = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "bos_token_id": 0, "eos_token_id": 0}
+                tiny = {
+                    "n_layer": 2,
+                    "n_embd": 32,
+                    "n_head": 2,
+                    "vocab_size": 64,
+                    "bos_token_id": 0,
+                    "eos_token_id": 0,
+                }
                 out[name] = hf_gpt2(seq_len=16, **tiny) if smoke else hf_gpt2()
             except ImportError as err:
                 print(f"hf-gpt2 skipped: transformers does not import ({err})")
@@ -101,12 +110,16 @@ def workloads(names: list[str], smoke: bool) -> dict[str, Workload]:
     return out
 
 
-def batches(workload: Workload, device: torch.device, n: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(
+    workload: Workload, device: torch.device, n: int = 8
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(11)
     return [workload.make_batch(BATCH, gen, device) for _ in range(n)]
 
 
-def build(workload: Workload, settings: StepSettings, setup: Setup, amp: torch.dtype | None) -> tuple[nn.Module, Any]:
+def build(
+    workload: Workload, settings: StepSettings, setup: Setup, amp: torch.dtype | None
+) -> tuple[nn.Module, Any]:
     if setup.backend is not None and settings.adam_kernel == "foreach":
         # On CPU graph-safe mode only moves lr into a tensor, which foreach AdamW refuses
         # without `capturable` (CUDA only); --smoke checks the probe runs, not the kernel.
@@ -126,10 +139,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_variant(model: str, label: str, workload: Workload, settings: StepSettings, setup: Setup) -> Row:
+def time_variant(
+    model: str, label: str, workload: Workload, settings: StepSettings, setup: Setup
+) -> Row:
     free(setup.device)
     data = batches(workload, setup.device)
-    ddp, step = build(workload, settings, setup, torch.bfloat16 if setup.device.type == "cuda" else None)
+    ddp, step = build(
+        workload, settings, setup, torch.bfloat16 if setup.device.type == "cuda" else None
+    )
     calls = 0
     try:
         while step.state is ddpgraph.StepState.WARMUP or calls < 12 + setup.warm:
@@ -147,15 +164,30 @@ def time_variant(model: str, label: str, workload: Workload, settings: StepSetti
                 calls += 1
             sync(setup.device)
             window_ms.append((time.perf_counter() - start) * 1000 / setup.window)
-        peak = torch.cuda.max_memory_allocated(setup.device) / 2**20 if setup.device.type == "cuda" else None
+        peak = (
+            torch.cuda.max_memory_allocated(setup.device) / 2**20
+            if setup.device.type == "cuda"
+            else None
+        )
         reason = step.reason.format() if step.reason is not None else None
-        return Row(model, label, captured, step.stats.replays, statistics.median(window_ms), None, peak, reason)
+        return Row(
+            model,
+            label,
+            captured,
+            step.stats.replays,
+            statistics.median(window_ms),
+            None,
+            peak,
+            reason,
+        )
     finally:
         step.close()
         del ddp, step
 
 
-def params_after(workload: Workload, settings: StepSettings, setup: Setup, amp: torch.dtype | None) -> tuple[list[torch.Tensor], bool]:
+def params_after(
+    workload: Workload, settings: StepSettings, setup: Setup, amp: torch.dtype | None
+) -> tuple[list[torch.Tensor], bool]:
     free(setup.device)
     data = batches(workload, setup.device)
     ddp, step = build(workload, settings, setup, amp)
@@ -182,7 +214,11 @@ def numerics(model: str, workload: Workload, setup: Setup) -> list[dict[str, Any
     amps = {"bf16": torch.bfloat16, "fp32": None} if setup.device.type == "cuda" else {"fp32": None}
     for amp_name, amp in amps.items():
         reference, ref_captured = params_after(workload, BASELINE, setup, amp)
-        for label, kernel in (("foreach again (control)", "foreach"), ("fused", "fused"), ("single-tensor", "single")):
+        for label, kernel in (
+            ("foreach again (control)", "foreach"),
+            ("fused", "fused"),
+            ("single-tensor", "single"),
+        ):
             params, captured = params_after(workload, StepSettings(adam_kernel=kernel), setup, amp)  # type: ignore[arg-type]
             out.append(
                 {
@@ -207,7 +243,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="gpt,hf-gpt2")
     parser.add_argument("--json", dest="json_path")
-    parser.add_argument("--smoke", action="store_true", help="CPU, stand-in graph backend, tiny models")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CPU, stand-in graph backend, tiny models"
+    )
     args = parser.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         print("FAIL: needs a CUDA GPU (or --smoke for a CPU check that the probe runs)")
@@ -219,7 +257,9 @@ def main() -> int:
         else Setup(info.device, None, warm=10, windows=6, window=10)
     )
     tensor_lr = fused_adam_takes_tensor_lr()
-    print(f"torch {torch.__version__}; fused AdamW reads a tensor lr (graph-safe): {'yes' if tensor_lr else 'no'}")
+    print(
+        f"torch {torch.__version__}; fused AdamW reads a tensor lr (graph-safe): {'yes' if tensor_lr else 'no'}"
+    )
     variants = [(n, s) for n, s in VARIANTS if tensor_lr or s.adam_kernel != "fused"]
     rows: list[Row] = []
     checks: list[dict[str, Any]] = []
@@ -230,7 +270,10 @@ def main() -> int:
             first = row.ms_per_step if first is None else first
             row.vs_first = first / row.ms_per_step if first and row.ms_per_step else None
             rows.append(row)
-            print(f"  {name}: {label}: {row.ms_per_step:.3f} ms/step, captured {row.captured}", flush=True)
+            print(
+                f"  {name}: {label}: {row.ms_per_step:.3f} ms/step, captured {row.captured}",
+                flush=True,
+            )
         checks += numerics(name, workload, setup) if tensor_lr else []
     print()
     print_table(
@@ -253,15 +296,34 @@ def main() -> int:
     print_table(
         ["model", "amp", "against foreach", "param rel diff", "result"],
         [
-            [c["model"], c["amp"], c["against foreach"], f"{c['param_rel_diff']:.2e}", "PASS" if c["captured"] else "FAIL: not captured"]
+            [
+                c["model"],
+                c["amp"],
+                c["against foreach"],
+                f"{c['param_rel_diff']:.2e}",
+                "PASS" if c["captured"] else "FAIL: not captured",
+            ]
             for c in checks
         ],
     )
     if args.json_path:
         with open(args.json_path, "w") as fh:
-            json.dump({"torch": torch.__version__, "fused_tensor_lr": tensor_lr, "timing": [asdict(r) for r in rows], "numerics": checks}, fh, indent=1)
-    failed = [r for r in rows if not (r.captured and r.replays > 0)] + [c for c in checks if not c["captured"]]
-    print(f"\n{'FAIL' if failed else 'PASS'}: {len(failed)} of {len(rows) + len(checks)} rows did not capture")
+            json.dump(
+                {
+                    "torch": torch.__version__,
+                    "fused_tensor_lr": tensor_lr,
+                    "timing": [asdict(r) for r in rows],
+                    "numerics": checks,
+                },
+                fh,
+                indent=1,
+            )
+    failed = [r for r in rows if not (r.captured and r.replays > 0)] + [
+        c for c in checks if not c["captured"]
+    ]
+    print(
+        f"\n{'FAIL' if failed else 'PASS'}: {len(failed)} of {len(rows) + len(checks)} rows did not capture"
+    )
     dist.destroy_process_group()
     return 1 if failed else 0
 

@@ -31,7 +31,9 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randint(0, 50257, (8, 128), device=dev)
 
-    train = make_train_step(model, opt, workload.loss, StepOptions(amp_dtype=torch.bfloat16, clip_norm=None))
+    train = make_train_step(
+        model, opt, workload.loss, StepOptions(amp_dtype=torch.bfloat16, clip_norm=None)
+    )
 
     def step() -> None:
         train(x, x)

@@ -32,9 +32,14 @@ def main() -> int:
             try:
                 proc = subprocess.run(
                     [sys.executable, str(SCRIPT), mode, out],
-                    capture_output=True, text=True, timeout=90, check=False,
+                    capture_output=True,
+                    text=True,
+                    timeout=90,
+                    check=False,
                 )
-                outcome = "PASS" if proc.returncode == 0 and f"DONE {mode}" in proc.stdout else "FAIL"
+                outcome = (
+                    "PASS" if proc.returncode == 0 and f"DONE {mode}" in proc.stdout else "FAIL"
+                )
                 detail = f"exit {proc.returncode}"
                 if outcome == "FAIL":
                     detail += ": " + (proc.stderr.strip().splitlines() or [""])[-1][:80]

@@ -38,7 +38,11 @@ from ddpgraph.ddp.distributed import shutdown
 from ddpgraph.integrations.transformers import CUDAGraphTrainer, GraphSafeReference
 
 BATCH = 8
-TINY = {"tiny": lambda: hf_gpt2(seq_len=32, n_layer=2, n_embd=64, n_head=2, vocab_size=256, bos_token_id=0, eos_token_id=0)}
+TINY = {
+    "tiny": lambda: hf_gpt2(
+        seq_len=32, n_layer=2, n_embd=64, n_head=2, vocab_size=256, bos_token_id=0, eos_token_id=0
+    )
+}
 PRESETS = {"hf-gpt2": hf_gpt2, "hf-llama": hf_llama}
 
 
@@ -67,28 +71,56 @@ class Clock(TrainerCallback):
             self.times[state.global_step] = time.perf_counter()
 
 
-def run(name: str, workload: Any, way: str, steps: int, cpu: bool, nan_filter: bool) -> dict[str, Any]:
+def run(
+    name: str, workload: Any, way: str, steps: int, cpu: bool, nan_filter: bool
+) -> dict[str, Any]:
     torch.manual_seed(0)
     model = workload.build().model  # the transformers model inside the bench's logits wrapper
     clock = Clock(steps // 2, steps)
     args = TrainingArguments(
-        output_dir=os.path.join(tempfile.gettempdir(), "ddpgraph_trainer_bench"), use_cpu=cpu,
-        per_device_train_batch_size=BATCH, max_steps=steps, learning_rate=3e-4, lr_scheduler_type="cosine",
-        warmup_steps=5, max_grad_norm=1.0, bf16=True, logging_steps=10, report_to="none", save_strategy="no",
-        seed=0, disable_tqdm=True, logging_nan_inf_filter=nan_filter,
+        output_dir=os.path.join(tempfile.gettempdir(), "ddpgraph_trainer_bench"),
+        use_cpu=cpu,
+        per_device_train_batch_size=BATCH,
+        max_steps=steps,
+        learning_rate=3e-4,
+        lr_scheduler_type="cosine",
+        warmup_steps=5,
+        max_grad_norm=1.0,
+        bf16=True,
+        logging_steps=10,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+        logging_nan_inf_filter=nan_filter,
     )
-    common: dict[str, Any] = {"model": model, "args": args, "train_dataset": Tokens(workload, BATCH * steps * int(os.environ.get("WORLD_SIZE", "1")))}
+    common: dict[str, Any] = {
+        "model": model,
+        "args": args,
+        "train_dataset": Tokens(workload, BATCH * steps * int(os.environ.get("WORLD_SIZE", "1"))),
+    }
     if way == "ddpgraph":
-        trainer: Trainer = CUDAGraphTrainer(callbacks=[clock], backend=ddpgraph.RecordingBackend() if cpu else None, **common)
+        trainer: Trainer = CUDAGraphTrainer(
+            callbacks=[clock], backend=ddpgraph.RecordingBackend() if cpu else None, **common
+        )
     else:
-        trainer = Trainer(callbacks=[clock, *([GraphSafeReference()] if way == "graph-safe" else [])], **common)
+        trainer = Trainer(
+            callbacks=[clock, *([GraphSafeReference()] if way == "graph-safe" else [])], **common
+        )
     # On CPU transformers cannot learn that the recording backend records: it is given
     # the answer a CUDA capture gives it, in every run alike (tests/scenarios/families.py).
-    with mock.patch("transformers.masking_utils.is_tracing", return_value=True) if cpu else nullcontext():
+    with (
+        mock.patch("transformers.masking_utils.is_tracing", return_value=True)
+        if cpu
+        else nullcontext()
+    ):
         trainer.train()
     ms = 1000 * (clock.times[steps] - clock.times[steps // 2]) / (steps - steps // 2)
     out: dict[str, Any] = {
-        "model": name, "way": way, "nan_filter": nan_filter, "ms_per_step": ms,
+        "model": name,
+        "way": way,
+        "nan_filter": nan_filter,
+        "ms_per_step": ms,
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
         "params": [p.detach().float().cpu() for p in model.parameters()],
     }
@@ -99,7 +131,10 @@ def run(name: str, workload: Any, way: str, steps: int, cpu: bool, nan_filter: b
 
 
 def rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    return max(float((x - y).abs().max()) / (float(x.abs().max()) or 1.0) for x, y in zip(a, b, strict=True))
+    return max(
+        float((x - y).abs().max()) / (float(x.abs().max()) or 1.0)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def main() -> None:
@@ -107,7 +142,9 @@ def main() -> None:
     parser.add_argument("--models", default="hf-gpt2,hf-llama")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--nan-filter", choices=["on", "both"], default="both")
-    parser.add_argument("--cpu", action="store_true", help="a CPU check of this script: recording backend, no speed")
+    parser.add_argument(
+        "--cpu", action="store_true", help="a CPU check of this script: recording backend, no speed"
+    )
     parser.add_argument("--json", default=None)
     opts = parser.parse_args()
     info = ddpgraph.init_distributed()
@@ -131,23 +168,48 @@ def main() -> None:
                     r["vs_plain"] = rel_diff(runs["plain"]["params"], r["params"])
                 rows.append({k: v for k, v in r.items() if k != "params"})
     if info.is_main:
-        print(f"world size {info.world_size}, torch {torch.__version__}, batch {BATCH}, bf16, {opts.steps} steps")
-        print("| model | logging_nan_inf_filter | plain ms | ddpgraph ms | speedup | captured vs reference | reference vs plain | state |")
+        print(
+            f"world size {info.world_size}, torch {torch.__version__}, batch {BATCH}, bf16, {opts.steps} steps"
+        )
+        print(
+            "| model | logging_nan_inf_filter | plain ms | ddpgraph ms | speedup | captured vs reference | reference vs plain | state |"
+        )
         print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
         for r in rows:
             if r["way"] != "ddpgraph":
                 continue
-            plain = next(p for p in rows if p["model"] == r["model"] and p["nan_filter"] == r["nan_filter"] and p["way"] == "plain")
-            ref = next((p for p in rows if p["model"] == r["model"] and p["way"] == "graph-safe" and p["nan_filter"] == r["nan_filter"]), None)
+            plain = next(
+                p
+                for p in rows
+                if p["model"] == r["model"]
+                and p["nan_filter"] == r["nan_filter"]
+                and p["way"] == "plain"
+            )
+            ref = next(
+                (
+                    p
+                    for p in rows
+                    if p["model"] == r["model"]
+                    and p["way"] == "graph-safe"
+                    and p["nan_filter"] == r["nan_filter"]
+                ),
+                None,
+            )
             vs_reference = f"{r['vs_reference']:.2e}" if "vs_reference" in r else "-"
             vs_plain = f"{ref['vs_plain']:.2e}" if ref else "-"
-            print(f"| {r['model']} | {r['nan_filter']} | {plain['ms_per_step']:.2f} | {r['ms_per_step']:.2f} | "
-                  f"{r['speedup']:.2f}x | {vs_reference} | {vs_plain} | {r['state']} {r['stats'].get('replays', 0)} replays |")
+            print(
+                f"| {r['model']} | {r['nan_filter']} | {plain['ms_per_step']:.2f} | {r['ms_per_step']:.2f} | "
+                f"{r['speedup']:.2f}x | {vs_reference} | {vs_plain} | {r['state']} {r['stats'].get('replays', 0)} replays |"
+            )
             if r["reason"]:
                 print(f"  {r['model']}: {r['reason']}")
         if opts.json:
             with open(opts.json, "w") as fh:
-                json.dump({"world_size": info.world_size, "torch": torch.__version__, "rows": rows}, fh, indent=1)
+                json.dump(
+                    {"world_size": info.world_size, "torch": torch.__version__, "rows": rows},
+                    fh,
+                    indent=1,
+                )
     shutdown()
 
 

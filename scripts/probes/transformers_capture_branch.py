@@ -58,7 +58,9 @@ def main() -> None:
         torch.cuda.synchronize()
         return snapshot(out)
 
-    def side_stream(ctx: Context = contextlib.nullcontext) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def side_stream(
+        ctx: Context = contextlib.nullcontext,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         with _on_side_stream(), ctx():
             out = step()
         torch.cuda.synchronize()
@@ -88,7 +90,11 @@ def main() -> None:
         "captured": captured,
         "eager, capture branch": lambda: eager(tracing),
     }
-    for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+    for b in (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+    ):
         forced = backend(b)
         variants[f"eager {b.name.lower()}"] = functools.partial(eager, forced)
         variants[f"captured {b.name.lower()}"] = functools.partial(captured, forced)

@@ -48,18 +48,25 @@ def main() -> None:
     rng = random.Random(0)
     lengths = [rng.randint(64, 512) for _ in range(30)]
     batches = {
-        t: (torch.randint(0, 50257, (8, t), device=dev), torch.randint(0, 50257, (8, t), device=dev))
+        t: (
+            torch.randint(0, 50257, (8, t), device=dev),
+            torch.randint(0, 50257, (8, t), device=dev),
+        )
         for t in {*lengths, 100}
     }
     steps: dict[str, Step] = {}
     ddp = DDP(build(), device_ids=[0])
-    steps["eager"] = make_train_step(ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4), workload.loss, OPTIONS)
+    steps["eager"] = make_train_step(
+        ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4), workload.loss, OPTIONS
+    )
     ddp = DDP(build(), device_ids=[0])
     capturable = torch.optim.AdamW(ddp.parameters(), lr=1e-4, capturable=True)
     steps["eager, capturable AdamW"] = make_train_step(ddp, capturable, workload.loss, OPTIONS)
     ddp = ddpgraph.prepare_ddp(build())
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
-    captured = ddpgraph.capture_step(make_train_step(ddp, opt, workload.loss, OPTIONS), model=ddp, optimizer=opt)
+    captured = ddpgraph.capture_step(
+        make_train_step(ddp, opt, workload.loss, OPTIONS), model=ddp, optimizer=opt
+    )
     for _ in range(20):
         if captured.state is ddpgraph.StepState.CAPTURED:
             break
@@ -81,7 +88,9 @@ def main() -> None:
                 host.append(time.perf_counter() - a)
             torch.cuda.synchronize()
             ms = (time.perf_counter() - t0) / len(lengths) * 1e3
-            print(f"round {round_} {name:26s} {ms:7.2f} ms/step, host median {sorted(host)[len(host) // 2] * 1e3:6.2f} ms")
+            print(
+                f"round {round_} {name:26s} {ms:7.2f} ms/step, host median {sorted(host)[len(host) // 2] * 1e3:6.2f} ms"
+            )
     for name in ("eager", "capture_step, unserved"):
         prof = cProfile.Profile()
         prof.enable()

@@ -50,15 +50,23 @@ def loss_of(kind: str, model: nn.Module, ids: torch.Tensor, labels: torch.Tensor
     with torch.autocast("cuda", torch.bfloat16):
         if kind == "gpt":
             logits = model(ids)
-            return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+            return F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+            )
         # Padding sits at the end and its labels are -100: a causal model needs no mask
         # (and transformers may read a padded mask on the host).
         return model(input_ids=ids, labels=labels).loss
 
 
-def batches(steps: int, device: torch.device, fixed: int | None, buckets: tuple[int, ...] = ()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(
+    steps: int, device: torch.device, fixed: int | None, buckets: tuple[int, ...] = ()
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(1234)
-    lengths = [fixed] * steps if fixed else [int(t) for t in torch.randint(64, MAX_T + 1, (steps,), generator=gen)]
+    lengths = (
+        [fixed] * steps
+        if fixed
+        else [int(t) for t in torch.randint(64, MAX_T + 1, (steps,), generator=gen)]
+    )
     out = []
     for t in lengths:
         ids = torch.randint(0, VOCAB, (BATCH, t), generator=gen)
@@ -69,11 +77,25 @@ def batches(steps: int, device: torch.device, fixed: int | None, buckets: tuple[
     return out
 
 
-def run(kind: str, mode: str, data: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device, **kw: Any) -> dict[str, Any]:
+def run(
+    kind: str,
+    mode: str,
+    data: list[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    **kw: Any,
+) -> dict[str, Any]:
     model = build(kind, device)
-    ddp: nn.Module = ddpgraph.prepare_ddp(model, device_ids=[device.index]) if mode == "capture" else DDP(model, device_ids=[device.index])
+    ddp: nn.Module = (
+        ddpgraph.prepare_ddp(model, device_ids=[device.index])
+        if mode == "capture"
+        else DDP(model, device_ids=[device.index])
+    )
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4, capturable=True)
-    forward = torch.compile(ddp, mode="reduce-overhead", dynamic=kw.pop("dynamic", None)) if mode == "reduce-overhead" else ddp
+    forward = (
+        torch.compile(ddp, mode="reduce-overhead", dynamic=kw.pop("dynamic", None))
+        if mode == "reduce-overhead"
+        else ddp
+    )
 
     def train_step(ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
@@ -107,7 +129,12 @@ def run(kind: str, mode: str, data: list[tuple[torch.Tensor, torch.Tensor]], dev
     row: dict[str, Any] = {"ms": ms, "peak_mib": torch.cuda.max_memory_allocated() / 2**20}
     if isinstance(step, ddpgraph.CapturedStep):
         s = step.stats
-        row.update(graphs=s.graphs, replays=s.replays, eager=s.eager_steps + s.warmup_steps, pool=s.pool_bytes)
+        row.update(
+            graphs=s.graphs,
+            replays=s.replays,
+            eager=s.eager_steps + s.warmup_steps,
+            pool=s.pool_bytes,
+        )
         step.close()
     return row
 
@@ -120,7 +147,11 @@ def main() -> int:
     args = parser.parse_args()
     info = ddpgraph.init_distributed()
     device, n = info.device, args.steps
-    varlen, padded, fixed = batches(n, device, None), batches(n, device, None, BUCKETS), batches(n, device, 256)
+    varlen, padded, fixed = (
+        batches(n, device, None),
+        batches(n, device, None, BUCKETS),
+        batches(n, device, 256),
+    )
     fine = batches(n, device, None, tuple(range(64, MAX_T + 1, 64)))
     largest = batches(n, device, MAX_T)
     rows: dict[str, dict[str, Any]] = {}
@@ -131,7 +162,12 @@ def main() -> int:
         ("capture_step 1 graph, varlen", "capture", varlen, {}),
         ("capture_step buckets max_graphs=4", "capture", padded, {"max_graphs": 4}),
         ("capture_step 8 buckets (x64) max_graphs=8", "capture", fine, {"max_graphs": 8}),
-        ("capture_step T=512 alone (pool ref)", "capture", largest[: min(n, 40)], {"max_graphs": 2}),
+        (
+            "capture_step T=512 alone (pool ref)",
+            "capture",
+            largest[: min(n, 40)],
+            {"max_graphs": 2},
+        ),
     ]
     if not args.skip_compile:
         plan += [
@@ -145,21 +181,44 @@ def main() -> int:
         torch.cuda.empty_cache()  # each row starts from the same free memory
         print(f"  ran {name} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     eager_var = rows["eager, varlen"]["ms"]
-    print(f"\nmodel={args.model} batch={BATCH} bf16 steps={n} lengths 64..{MAX_T} buckets={BUCKETS}  (torch {torch.__version__})")
-    print(f"{'row':40} {'ms/step':>8} {'speedup':>8} {'peak MiB':>9} {'graphs':>6} {'eager':>5} {'pool MiB':>9}")
+    print(
+        f"\nmodel={args.model} batch={BATCH} bf16 steps={n} lengths 64..{MAX_T} buckets={BUCKETS}  (torch {torch.__version__})"
+    )
+    print(
+        f"{'row':40} {'ms/step':>8} {'speedup':>8} {'peak MiB':>9} {'graphs':>6} {'eager':>5} {'pool MiB':>9}"
+    )
     for name, r in rows.items():
         base = rows["eager, T=256"]["ms"] if "T=256" in name else eager_var
         pool = f"{r['pool'] / 2**20:.1f}" if r.get("pool") else "-"
-        print(f"{name:40} {r['ms']:8.2f} {base / r['ms']:7.2f}x {r['peak_mib']:9.0f} {r.get('graphs', '-')!s:>6} {r.get('eager', '-')!s:>5} {pool:>9}")
+        print(
+            f"{name:40} {r['ms']:8.2f} {base / r['ms']:7.2f}x {r['peak_mib']:9.0f} {r.get('graphs', '-')!s:>6} {r.get('eager', '-')!s:>5} {pool:>9}"
+        )
     fixed_speedup = rows["eager, T=256"]["ms"] / rows["capture_step, T=256"]["ms"]
     bucketed = rows["capture_step buckets max_graphs=4"]
     share = (eager_var / bucketed["ms"]) / fixed_speedup
-    others = [r["ms"] for k, r in rows.items() if "varlen" in k]  # the alternatives, on the same lengths
-    pool_ratio = (bucketed["pool"] / rows["capture_step T=512 alone (pool ref)"]["pool"]) if bucketed.get("pool") and rows["capture_step T=512 alone (pool ref)"].get("pool") else None
+    others = [
+        r["ms"] for k, r in rows.items() if "varlen" in k
+    ]  # the alternatives, on the same lengths
+    pool_ratio = (
+        (bucketed["pool"] / rows["capture_step T=512 alone (pool ref)"]["pool"])
+        if bucketed.get("pool") and rows["capture_step T=512 alone (pool ref)"].get("pool")
+        else None
+    )
     checks = [
-        (f"bucketed reaches >= 80% of the fixed-shape speedup ({share:.0%} of {fixed_speedup:.2f}x)", share >= 0.8),
-        (f"bucketed beats every variable-length row ({bucketed['ms']:.2f} vs best other {min(others):.2f} ms)", bucketed["ms"] < min(others)),
-        (f"pool within 1.3x of the largest graph's ({pool_ratio:.2f}x)" if pool_ratio else "pool memory measured", bool(pool_ratio and pool_ratio <= 1.3)),
+        (
+            f"bucketed reaches >= 80% of the fixed-shape speedup ({share:.0%} of {fixed_speedup:.2f}x)",
+            share >= 0.8,
+        ),
+        (
+            f"bucketed beats every variable-length row ({bucketed['ms']:.2f} vs best other {min(others):.2f} ms)",
+            bucketed["ms"] < min(others),
+        ),
+        (
+            f"pool within 1.3x of the largest graph's ({pool_ratio:.2f}x)"
+            if pool_ratio
+            else "pool memory measured",
+            bool(pool_ratio and pool_ratio <= 1.3),
+        ),
     ]
     for text, passed in checks:
         print(f"{'PASS' if passed else 'FAIL'}  {text}")

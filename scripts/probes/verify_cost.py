@@ -61,10 +61,14 @@ def _timed(call: Callable[[], Any], device: torch.device) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _setup(work: Workload, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer, Step]:
+def _setup(
+    work: Workload, device: torch.device
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, Step]:
     torch.manual_seed(0)
     ddp = ddpgraph.prepare_ddp(work.build().to(device))
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4, **({} if device.type == "cuda" else {"fused": True}))
+    opt = torch.optim.AdamW(
+        ddp.parameters(), lr=1e-4, **({} if device.type == "cuda" else {"fused": True})
+    )
     options = StepOptions(amp_dtype=torch.bfloat16 if device.type == "cuda" else None)
     return ddp, opt, make_train_step(ddp, opt, work.loss, options)
 
@@ -99,7 +103,9 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
     # Captured, with a check every `--every` calls.
     ddp, opt, fn = _setup(work, device)
     backend = None if device.type == "cuda" else RecordingBackend()
-    step = ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=backend, verify_every=args.every)
+    step = ddpgraph.capture_step(
+        fn, model=ddp, optimizer=opt, backend=backend, verify_every=args.every
+    )
     while step.state is ddpgraph.StepState.WARMUP:
         step(x, y)
     replays, checks = [], []
@@ -112,7 +118,10 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
         (checks if step.stats.value_checks != before else replays).append(ms)
     not_captured = None if step.reason is None else step.reason.format()
     step.close()
-    med = {k: statistics.median(v) if v else float("nan") for k, v in (("eager", plain), ("watched", watched), ("replay", replays), ("check", checks))}
+    med = {
+        k: statistics.median(v) if v else float("nan")
+        for k, v in (("eager", plain), ("watched", watched), ("replay", replays), ("check", checks))
+    }
     return {
         "not_captured": not_captured,
         "model": name,
@@ -131,11 +140,18 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="gpt", help="comma-separated: gpt, or presets " + ", ".join(PRESETS))
+    parser.add_argument(
+        "--model", default="gpt", help="comma-separated: gpt, or presets " + ", ".join(PRESETS)
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--eager-steps", type=int, default=10)
     parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--every", type=int, default=20, help="verify_every for the timed run (checks sampled often)")
+    parser.add_argument(
+        "--every",
+        type=int,
+        default=20,
+        help="verify_every for the timed run (checks sampled often)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     info = ddpgraph.init_distributed()

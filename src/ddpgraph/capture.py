@@ -38,7 +38,14 @@ from .errors import usage_error
 from .options import CaptureOptions, CaptureSettings, as_optimizers, merge_settings
 from .step.captured_step import CapturedStep
 
-__all__ = ["CapturedStep", "StepState", "StepStats", "as_optimizers", "capture_step", "choose_backend"]
+__all__ = [
+    "CapturedStep",
+    "StepState",
+    "StepStats",
+    "as_optimizers",
+    "capture_step",
+    "choose_backend",
+]
 
 if TYPE_CHECKING:
     from .strategies.base import TrainStep
@@ -50,17 +57,32 @@ Optimizers = Optimizer | Sequence[Optimizer] | None
 # `compile=True` returns the compile strategy's step, which has `TrainStep`'s surface.
 @overload
 def capture_step(
-    fn: Callable[..., R], *, model: nn.Module, optimizer: Optimizers = ..., compile: Literal[False] = ...,
-    options: CaptureOptions | None = ..., **settings: Unpack[CaptureSettings],
+    fn: Callable[..., R],
+    *,
+    model: nn.Module,
+    optimizer: Optimizers = ...,
+    compile: Literal[False] = ...,
+    options: CaptureOptions | None = ...,
+    **settings: Unpack[CaptureSettings],
 ) -> CapturedStep[R]: ...
 @overload
 def capture_step(
-    fn: Callable[..., R], *, model: nn.Module, optimizer: Optimizers = ..., compile: bool,
-    options: CaptureOptions | None = ..., **settings: Unpack[CaptureSettings],
+    fn: Callable[..., R],
+    *,
+    model: nn.Module,
+    optimizer: Optimizers = ...,
+    compile: bool,
+    options: CaptureOptions | None = ...,
+    **settings: Unpack[CaptureSettings],
 ) -> TrainStep[R]: ...
 def capture_step(
-    fn: Callable[..., R], *, model: nn.Module, optimizer: Optimizers = None, compile: bool = False,
-    options: CaptureOptions | None = None, **settings: Unpack[CaptureSettings],
+    fn: Callable[..., R],
+    *,
+    model: nn.Module,
+    optimizer: Optimizers = None,
+    compile: bool = False,
+    options: CaptureOptions | None = None,
+    **settings: Unpack[CaptureSettings],
 ) -> CapturedStep[R] | TrainStep[R]:
     """Capture `fn` (forward, backward with DDP's all-reduce, optimizer step, anything else
     it does on the GPU) as one CUDA graph, and replay it on later calls.
@@ -96,7 +118,11 @@ def capture_step(
     NO_CUDA. Use `close()` or a `with` block to free the graph before the process group.
     """
     if not callable(fn):
-        raise usage_error("`capture_step(fn)`", f"expected a callable, got {type(fn).__name__}", "pass the training-step function")
+        raise usage_error(
+            "`capture_step(fn)`",
+            f"expected a callable, got {type(fn).__name__}",
+            "pass the training-step function",
+        )
     if not isinstance(model, nn.Module):
         raise usage_error(
             "`capture_step(model=...)`",
@@ -109,7 +135,9 @@ def capture_step(
         # strategies; this API module may, and does so here, where the switch is read.
         from .strategies.compile_switch import capture_compiled
 
-        return capture_compiled(fn, compile=compile, model=model, optimizers=optimizer, options=merged)
+        return capture_compiled(
+            fn, compile=compile, model=model, optimizers=optimizer, options=merged
+        )
     # `optimizer=` is checked by the step, in the agreement of its constructor: a wrong
     # one on one rank makes every rank raise.
     return CapturedStep(fn, model=model, optimizers=optimizer, options=merged)

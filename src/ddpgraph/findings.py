@@ -172,7 +172,7 @@ CATALOG: dict[Code, CodeInfo] = {
         "from any thread invalidates the capture: a DataLoader's pin-memory thread pinning the "
         "next batch (`cudaHostAlloc`, `cudaEventQuery`), a thread that synchronises or queries "
         "events.",
-        "Capture with `torch.cuda.graph(g, capture_error_mode=\"thread_local\")`: only the "
+        'Capture with `torch.cuda.graph(g, capture_error_mode="thread_local")`: only the '
         "capturing thread's own calls are refused then. `ddpgraph.capture_step` captures that "
         "way already and needs no change.",
     ),

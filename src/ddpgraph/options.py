@@ -129,7 +129,11 @@ class CaptureOptions:
                 "step checks the step for host synchronisations",
             )
         if not isinstance(self.clone_outputs, bool):
-            raise usage_error(f"`{api}(clone_outputs=...)`", f"expected True or False, got {self.clone_outputs!r}", "leave it out for False")
+            raise usage_error(
+                f"`{api}(clone_outputs=...)`",
+                f"expected True or False, got {self.clone_outputs!r}",
+                "leave it out for False",
+            )
         if self.stream is not None and not isinstance(self.stream, torch.cuda.Stream):
             raise usage_error(
                 f"`{api}(stream=...)`",
@@ -142,14 +146,21 @@ class CaptureOptions:
         check_watchdog_options(self.replay_timeout, self.on_replay_timeout)
         as_parity_check(self.parity)
         verify = self.verify_every
-        if verify is not None and (isinstance(verify, bool) or not isinstance(verify, int) or verify < 1):
+        if verify is not None and (
+            isinstance(verify, bool) or not isinstance(verify, int) or verify < 1
+        ):
             raise usage_error(
-                f"`{api}(verify_every=...)`", f"expected an int >= 1 or None, got {verify!r}",
+                f"`{api}(verify_every=...)`",
+                f"expected an int >= 1 or None, got {verify!r}",
                 "pass how many calls apart to check the step's Python values (100, say), or None not to check",
             )
         every = self.agree_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise usage_error(f"`{api}(agree_every=...)`", f"expected an int >= 1, got {every!r}", f"leave it out for the default ({DEFAULT_AGREE_EVERY})")
+            raise usage_error(
+                f"`{api}(agree_every=...)`",
+                f"expected an int >= 1, got {every!r}",
+                f"leave it out for the default ({DEFAULT_AGREE_EVERY})",
+            )
 
     @property
     def parity_check(self) -> ParityCheck | None:
@@ -159,7 +170,11 @@ class CaptureOptions:
         b = self.backend
         if b is None:
             return
-        if not (callable(getattr(b, "capture", None)) and isinstance(getattr(b, "name", None), str) and hasattr(b, "executes_during_capture")):
+        if not (
+            callable(getattr(b, "capture", None))
+            and isinstance(getattr(b, "name", None), str)
+            and hasattr(b, "executes_during_capture")
+        ):
             got = repr(b) if isinstance(b, str) else f"a {type(b).__name__}"
             raise usage_error(
                 f"`{api}(backend=...)`",
@@ -237,7 +252,10 @@ SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(CaptureOptions))
 
 
 def merge_settings(
-    api: str, options: CaptureOptions | None, settings: Mapping[str, Any], names: Collection[str] = SETTING_NAMES
+    api: str,
+    options: CaptureOptions | None,
+    settings: Mapping[str, Any],
+    names: Collection[str] = SETTING_NAMES,
 ) -> CaptureOptions:
     """The one `CaptureOptions` of an entry point's `options=` and its setting keywords
     (those in `names`, the settings that entry point reads).
@@ -257,7 +275,8 @@ def merge_settings(
         return CaptureOptions(**values)
     if not isinstance(options, CaptureOptions):
         raise usage_error(
-            f"`{api}(options=...)`", f"expected a ddpgraph.CaptureOptions, got {type(options).__name__}",
+            f"`{api}(options=...)`",
+            f"expected a ddpgraph.CaptureOptions, got {type(options).__name__}",
             "pass `ddpgraph.CaptureOptions(...)`, or give the settings as keyword arguments",
         )
     for name, value in values.items():
@@ -276,7 +295,9 @@ def _same(given: object, held: object) -> bool:
     if given is held:
         return True
     if isinstance(given, (tuple, list)) and isinstance(held, (tuple, list)):
-        return len(given) == len(held) and all(_same(a, b) for a, b in zip(given, held, strict=True))
+        return len(given) == len(held) and all(
+            _same(a, b) for a, b in zip(given, held, strict=True)
+        )
     # Settings are plain values or objects compared by identity; `==` of two of a kind.
     return type(given) is type(held) and bool(given == held)
 

@@ -29,7 +29,10 @@ def main() -> None:
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl")
     device = torch.device("cuda", local_rank)
-    net = ddpgraph.prepare_ddp(nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3)).to(device), device_ids=[local_rank])
+    net = ddpgraph.prepare_ddp(
+        nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3)).to(device),
+        device_ids=[local_rank],
+    )
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
 
     def train_step(batch: Batch) -> torch.Tensor:

@@ -41,7 +41,9 @@ def main() -> None:
 
     model = ddpgraph.prepare_ddp(build_model().to(dev), device_ids=[local_rank])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * args.steps_per_epoch)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+        opt, T_max=args.epochs * args.steps_per_epoch
+    )
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
@@ -51,7 +53,9 @@ def main() -> None:
         return loss.detach()
 
     step = ddpgraph.capture_step(train_step, model=model, optimizer=opt)
-    val = [(torch.randn(64, 32, device=dev), torch.randint(0, 4, (64,), device=dev)) for _ in range(2)]
+    val = [
+        (torch.randn(64, 32, device=dev), torch.randint(0, 4, (64,), device=dev)) for _ in range(2)
+    ]
     for epoch in range(args.epochs):
         for _ in range(args.steps_per_epoch):
             x, y = torch.randn(16, 32, device=dev), torch.randint(0, 4, (16,), device=dev)

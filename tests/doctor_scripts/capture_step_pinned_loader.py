@@ -21,7 +21,10 @@ def main() -> None:
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=256)
 
     with ddpgraph.capture_step(
-        lambda x, y: train_step(model, optimizer, x, y), model=model, optimizer=optimizer, on_failure="raise"
+        lambda x, y: train_step(model, optimizer, x, y),
+        model=model,
+        optimizer=optimizer,
+        on_failure="raise",
     ) as step:
         for epoch in range(2):
             loader.sampler.set_epoch(epoch)
@@ -29,7 +32,9 @@ def main() -> None:
                 loss = step(x, y)
                 schedule.step()
             if rank == 0:
-                print(f"epoch {epoch}: loss {loss.item():.4f}, {step.state.value}, {step.stats.replays} replays")
+                print(
+                    f"epoch {epoch}: loss {loss.item():.4f}, {step.state.value}, {step.stats.replays} replays"
+                )
     ddpgraph.ddp.distributed.shutdown()
 
 

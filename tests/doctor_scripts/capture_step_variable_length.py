@@ -21,7 +21,9 @@ class TinyLM(nn.Module):
     def __init__(self, d: int = 128) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, d)
-        self.mix = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.mix = nn.Sequential(
+            nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)
+        )
         self.head = nn.Linear(d, VOCAB)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The same training through ddpgraph: `prepare_ddp` + `capture_step`. Nothing to report.
 
-    torchrun --nproc_per_node=2 tests/doctor_scripts/clean_capture_step.py
-    ddpgraph doctor --nproc 2 tests/doctor_scripts/clean_capture_step.py
+torchrun --nproc_per_node=2 tests/doctor_scripts/clean_capture_step.py
+ddpgraph doctor --nproc 2 tests/doctor_scripts/clean_capture_step.py
 """
 
 import torch

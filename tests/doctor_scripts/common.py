@@ -36,13 +36,22 @@ def make_model(device: torch.device) -> nn.Module:
 
 
 def batch(device: torch.device, size: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(size, FEATURES, device=device), torch.randint(0, CLASSES, (size,), device=device)
+    return torch.randn(size, FEATURES, device=device), torch.randint(
+        0, CLASSES, (size,), device=device
+    )
 
 
 def pinned_loader() -> DataLoader:
     """The DataLoader almost every training script has: worker processes, pinned memory."""
     data = TensorDataset(torch.randn(8192, FEATURES), torch.randint(0, CLASSES, (8192,)))
-    loader = DataLoader(data, batch_size=64, sampler=DistributedSampler(data), num_workers=4, pin_memory=True, drop_last=True)
+    loader = DataLoader(
+        data,
+        batch_size=64,
+        sampler=DistributedSampler(data),
+        num_workers=4,
+        pin_memory=True,
+        drop_last=True,
+    )
     return loader
 
 
@@ -55,7 +64,9 @@ def side_stream_ddp(model: nn.Module, device: torch.device) -> tuple[torch.cuda.
     return s, ddp
 
 
-def train_step(ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def train_step(
+    ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
     opt.zero_grad(set_to_none=True)
     loss = F.cross_entropy(ddp(x), y)
     loss.backward()
@@ -71,7 +82,9 @@ def warm_up(step: Callable[[], object], s: torch.cuda.Stream, n: int = 11) -> No
     torch.cuda.current_stream().wait_stream(s)
 
 
-def capture(step: Callable[[], torch.Tensor], s: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def capture(
+    step: Callable[[], torch.Tensor], s: torch.cuda.Stream
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """Record `step` on `s`; return the graph and the loss tensor its replays refresh."""
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
@@ -99,7 +112,9 @@ def portable_backend() -> object:
     return None if torch.cuda.is_available() else ddpgraph.RecordingBackend()
 
 
-def toy_batches(device: torch.device, steps: int, size: int = 8) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def toy_batches(
+    device: torch.device, steps: int, size: int = 8
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """`steps` batches of 16 features whose class is the largest of the first 4."""
     for _ in range(steps):
         x = torch.randn(size, 16, device=device)

@@ -28,7 +28,9 @@ def accuracy(model: nn.Module, held_out: torch.Tensor) -> float:
 def main() -> None:
     info = ddpgraph.init_distributed()
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 4)).to(info.device)
+    net = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 4)).to(
+        info.device
+    )
     model = ddpgraph.prepare_ddp(net)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)

@@ -19,7 +19,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=15)
     args = parser.parse_args()
     info = ddpgraph.init_distributed()
-    model = ddpgraph.prepare_ddp(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to(info.device))
+    model = ddpgraph.prepare_ddp(
+        nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to(info.device)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """A correct eager DDP training loop on CPU (gloo): the doctor must find nothing.
 
-    torchrun --nproc_per_node=2 tests/doctor_scripts/cpu_clean.py --steps 5
-    ddpgraph doctor --nproc 2 tests/doctor_scripts/cpu_clean.py --steps 5
+torchrun --nproc_per_node=2 tests/doctor_scripts/cpu_clean.py --steps 5
+ddpgraph doctor --nproc 2 tests/doctor_scripts/cpu_clean.py --steps 5
 """
 
 import argparse

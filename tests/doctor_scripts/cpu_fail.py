@@ -1,7 +1,7 @@
 """A CPU DDP script with a bug outside any capture: the doctor reports SCRIPT_FAILED.
 
-    torchrun --nproc_per_node=2 tests/doctor_scripts/cpu_fail.py
-    ddpgraph doctor --nproc 2 tests/doctor_scripts/cpu_fail.py
+torchrun --nproc_per_node=2 tests/doctor_scripts/cpu_fail.py
+ddpgraph doctor --nproc 2 tests/doctor_scripts/cpu_fail.py
 """
 
 import torch

@@ -26,7 +26,9 @@ def main() -> None:
     args = parser.parse_args()
     info = ddpgraph.init_distributed()
     torch.manual_seed(0)
-    model = ddpgraph.prepare_ddp(nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4)).to(info.device))
+    model = ddpgraph.prepare_ddp(
+        nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4)).to(info.device)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     config = {"aux_loss": False}
 

@@ -22,12 +22,16 @@ def main() -> None:
     global LABEL_SMOOTHING
     info = ddpgraph.init_distributed()
     torch.manual_seed(0)
-    model = ddpgraph.prepare_ddp(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(info.device))
+    model = ddpgraph.prepare_ddp(
+        nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(info.device)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(model(x), y, label_smoothing=LABEL_SMOOTHING)  # doctor: FROZEN_PYTHON_VALUE
+        loss = F.cross_entropy(
+            model(x), y, label_smoothing=LABEL_SMOOTHING
+        )  # doctor: FROZEN_PYTHON_VALUE
         return descend(opt, loss)
 
     step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=portable_backend())

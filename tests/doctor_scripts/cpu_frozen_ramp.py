@@ -20,7 +20,9 @@ import ddpgraph
 class Trainer:
     def __init__(self, device: torch.device) -> None:
         torch.manual_seed(0)
-        self.model = ddpgraph.prepare_ddp(nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to(device))
+        self.model = ddpgraph.prepare_ddp(
+            nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to(device)
+        )
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-3, fused=True)
         self.step = 0
 
@@ -29,7 +31,9 @@ class Trainer:
         ramp = min(1, self.step / 50)
         self.opt.zero_grad(set_to_none=True)
         logits = self.model(x)
-        loss = F.cross_entropy(logits, y) + ramp * logits.pow(2).mean()  # doctor: FROZEN_PYTHON_VALUE
+        loss = (
+            F.cross_entropy(logits, y) + ramp * logits.pow(2).mean()
+        )  # doctor: FROZEN_PYTHON_VALUE
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
@@ -42,7 +46,9 @@ def main() -> None:
     args = parser.parse_args()
     info = ddpgraph.init_distributed()
     trainer = Trainer(info.device)
-    step = ddpgraph.capture_step(trainer.train_step, model=trainer.model, optimizer=trainer.opt, backend=portable_backend())
+    step = ddpgraph.capture_step(
+        trainer.train_step, model=trainer.model, optimizer=trainer.opt, backend=portable_backend()
+    )
     for x, y in toy_batches(info.device, args.steps):
         loss = step(x, y)
     finish(step, loss, f", at step {trainer.step}")

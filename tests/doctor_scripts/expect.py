@@ -50,13 +50,19 @@ def expectations(name: str, *, gpu: bool) -> list[Expected]:
     one without (`gpu=False`)."""
     text = script(name).read_text().splitlines()
     if not gpu:
-        cpu = [Expected(m["code"], None, n) for n, line in enumerate(text, 1) if (m := _CPU_MARK.search(line))]
+        cpu = [
+            Expected(m["code"], None, n)
+            for n, line in enumerate(text, 1)
+            if (m := _CPU_MARK.search(line))
+        ]
         if cpu:
             return cpu
         if not name.startswith("cpu_"):
             return [Expected("NO_CUDA", None, None)]
     return [
-        Expected(code, rank, line) for code, lines in marked(name).items() for rank, line in lines.items()
+        Expected(code, rank, line)
+        for code, lines in marked(name).items()
+        for rank, line in lines.items()
     ]
 
 
@@ -99,23 +105,51 @@ def env() -> dict[str, str]:
     return environ
 
 
-def run_doctor(name: str, *args: str, nproc: int = 2, timeout: float = 240) -> tuple[int, dict[str, Any], str]:
+def run_doctor(
+    name: str, *args: str, nproc: int = 2, timeout: float = 240
+) -> tuple[int, dict[str, Any], str]:
     """(exit status, the JSON report, the script's output) for `ddpgraph doctor` on `name`."""
-    cmd = [sys.executable, "-m", "ddpgraph", "doctor", "--json", "--nproc", str(nproc),
-           "--timeout", str(timeout), str(script(name)), *args]
-    done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout + 60, check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddpgraph",
+        "doctor",
+        "--json",
+        "--nproc",
+        str(nproc),
+        "--timeout",
+        str(timeout),
+        str(script(name)),
+        *args,
+    ]
+    done = subprocess.run(
+        cmd, env=env(), capture_output=True, text=True, timeout=timeout + 60, check=False
+    )
     try:
         report = json.loads(done.stdout)
     except json.JSONDecodeError as err:
-        raise AssertionError(f"no JSON report (exit {done.returncode}):\n{done.stdout}\n{done.stderr[-4000:]}") from err
+        raise AssertionError(
+            f"no JSON report (exit {done.returncode}):\n{done.stdout}\n{done.stderr[-4000:]}"
+        ) from err
     return done.returncode, report, done.stderr
 
 
-def run_plain(name: str, *args: str, nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def run_plain(
+    name: str, *args: str, nproc: int = 2, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     """The same script under plain torchrun, without the doctor."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(script(name)), *args]
-    return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout, check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(script(name)),
+        *args,
+    ]
+    return subprocess.run(
+        cmd, env=env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def summary(report: dict[str, Any]) -> list[tuple[str, list[int], int | None]]:

@@ -19,8 +19,13 @@ class CausalLM(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         config = LlamaConfig(
-            vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            vocab_size=2048,
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
             attn_implementation="eager",
         )
         self.lm = LlamaForCausalLM(config)

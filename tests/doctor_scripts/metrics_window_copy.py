@@ -28,8 +28,13 @@ def main() -> None:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        model = DDP(nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 1)).to(device), device_ids=[local_rank])
-    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3, device=device), capturable=True)
+        model = DDP(
+            nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 1)).to(device),
+            device_ids=[local_rank],
+        )
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=torch.tensor(1e-3, device=device), capturable=True
+    )
     x = torch.randn(32, 20, device=device)
     y = torch.randn(32, 1, device=device)
 

@@ -21,7 +21,9 @@ def main() -> None:
     device = torch.device("cuda", local_rank)
     torch.manual_seed(1234)
 
-    model = nn.Sequential(nn.Conv1d(8, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 32, 4))
+    model = nn.Sequential(
+        nn.Conv1d(8, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 32, 4)
+    )
     model.to(device)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

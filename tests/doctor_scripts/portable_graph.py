@@ -28,8 +28,10 @@ def main() -> None:
     if side is not None:
         side.wait_stream(torch.cuda.current_stream())
     with on_side():
-        model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)).to(device),
-                    device_ids=[local_rank] if use_gpu else None)
+        model = DDP(
+            nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)).to(device),
+            device_ids=[local_rank] if use_gpu else None,
+        )
     lr = torch.tensor(1e-3, device=device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, capturable=use_gpu)
     xs = torch.randn(8, 16, device=device)

@@ -59,16 +59,23 @@ def _line_in(name: str, location: dict[str, Any] | None) -> int | None:
 
 
 def score_report(name: str, report: dict[str, Any], expected: list[Expected], world: int) -> Score:
-    findings = [(f["code"], list(f["ranks"]), _line_in(name, f["location"])) for f in report["findings"]]
+    findings = [
+        (f["code"], list(f["ranks"]), _line_in(name, f["location"])) for f in report["findings"]
+    ]
     result = Score(
         name,
-        [f"{e.code}@{e.line or '*'}" + (f" rank {e.rank}" if e.rank is not None else "") for e in expected],
+        [
+            f"{e.code}@{e.line or '*'}" + (f" rank {e.rank}" if e.rank is not None else "")
+            for e in expected
+        ],
         [f"{c}@{line} ranks {ranks}" for c, ranks, line in findings],
         exit_code=report["exit_code"],
     )
     covered: dict[int, set[int]] = {i: set() for i in range(len(expected))}
     for code, ranks, line in findings:
-        matched = [[i for i, e in enumerate(expected) if _matches(e, code, r, line)] for r in ranks or [0]]
+        matched = [
+            [i for i, e in enumerate(expected) if _matches(e, code, r, line)] for r in ranks or [0]
+        ]
         if all(matched):
             result.right += 1
             for r, hits in zip(ranks or [0], matched, strict=True):
@@ -143,7 +150,9 @@ def table(scores: list[Score], machine: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("scripts", nargs="*", help="script names here (default: all)")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write the scores as JSON here")
@@ -151,10 +160,21 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     scores = run(args.scripts or all_scripts(), args.nproc, args.jobs)
     gpu = torch.cuda.is_available()
-    machine = f"{args.nproc} rank(s), " + (torch.cuda.get_device_name(0) if gpu else "no GPU (CPU only)")
+    machine = f"{args.nproc} rank(s), " + (
+        torch.cuda.get_device_name(0) if gpu else "no GPU (CPU only)"
+    )
     print(table(scores, machine))
     if args.out is not None:
-        args.out.write_text(json.dumps({"machine": machine, "totals": totals(scores), "scripts": [asdict(s) for s in scores]}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "machine": machine,
+                    "totals": totals(scores),
+                    "scripts": [asdict(s) for s in scores],
+                },
+                indent=1,
+            )
+        )
     t = totals(scores)
     return 0 if t["wrong"] == 0 and t["missed"] == 0 else 1
 

@@ -30,14 +30,20 @@ def main() -> None:
     loader = make_loader(dist.get_world_size(), dist.get_rank())
 
     net = nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
     ).cuda()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         model = DDP(net, device_ids=[local_rank])
-    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3, device="cuda"), capturable=True)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=torch.tensor(1e-3, device="cuda"), capturable=True
+    )
     loss_fn = nn.CrossEntropyLoss()
 
     first_images, first_labels = next(iter(loader))

@@ -24,7 +24,9 @@ def main() -> None:
         x, y = batch(device)  # a new batch, but the graph reads static_x and static_y
         g.replay()  # doctor: STATIC_INPUT_CHANGED
     if rank == 0:
-        print(f"final loss {static_loss.item():.4f} (last batch mean {x.mean().item():.3f}, y[0] {int(y[0])})")
+        print(
+            f"final loss {static_loss.item():.4f} (last batch mean {x.mean().item():.3f}, y[0] {int(y[0])})"
+        )
     teardown(g)
 
 

@@ -30,8 +30,10 @@ def test_accelerate_step_is_captured_and_trains_like_eager(
     results: dict[str, list[dict[str, Any]]], name: str
 ) -> None:
     for r in ok(results[name]):
-        print(f"{name} rank {r['rank']}: same losses = {r['same_losses']}, "
-              f"param diff = {r['param_rel_diff']}")
+        print(
+            f"{name} rank {r['rank']}: same losses = {r['same_losses']}, "
+            f"param diff = {r['param_rel_diff']}"
+        )
         assert r["state"] == "captured" and r["code"] is None, r["reason"]
         # Accelerate wraps the model in DDP only with several processes; a plain module
         # warms up 3 steps, a DDP one 11.

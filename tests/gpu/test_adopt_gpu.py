@@ -28,8 +28,10 @@ def test_default_stream_ddp_is_captured_and_trains_like_eager(
     results: dict[str, list[dict[str, Any]]], name: str
 ) -> None:
     for r in ok(results[name]):
-        print(f"{name} rank {r['rank']}: bitwise equal = {r['bitwise_equal']}, "
-              f"override switch = {r['override_switch']}, reason = {r['reason']}")
+        print(
+            f"{name} rank {r['rank']}: bitwise equal = {r['bitwise_equal']}, "
+            f"override switch = {r['override_switch']}, reason = {r['reason']}"
+        )
         assert r["code"] is None, r["reason"]
         assert r["states"][:11] == ["warmup"] * 11
         assert r["states"][11:] == ["captured"] * (len(r["states"]) - 11)

@@ -22,8 +22,22 @@ BUCKETS = [256, 384, 512]
 
 
 def _bench(out: Path, *args: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "ddpgraph", "bench", "--nproc", str(gpu_world()), "--steps", "20", "--json", "varlen.json", *args]
-    proc = subprocess.run(cmd, cwd=out, env=torchrun_env(), capture_output=True, text=True, timeout=600, check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddpgraph",
+        "bench",
+        "--nproc",
+        str(gpu_world()),
+        "--steps",
+        "20",
+        "--json",
+        "varlen.json",
+        *args,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=out, env=torchrun_env(), capture_output=True, text=True, timeout=600, check=False
+    )
     (out / "bench.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     print(proc.stdout[-6000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -33,7 +47,17 @@ def _bench(out: Path, *args: str) -> dict[str, Any]:
 
 
 def test_bucketed_row_replays_a_graph_per_bucket(tmp_path: Path) -> None:
-    data = _bench(tmp_path, "--model", "gpt", "--seq-lens", "129:512", "--buckets", ",".join(map(str, BUCKETS)), "--strategies", "eager,whole")
+    data = _bench(
+        tmp_path,
+        "--model",
+        "gpt",
+        "--seq-lens",
+        "129:512",
+        "--buckets",
+        ",".join(map(str, BUCKETS)),
+        "--strategies",
+        "eager,whole",
+    )
     rows = {r["strategy"]: r for r in data["results"]}
     for name, r in rows.items():
         assert r["status"] == "ok", (name, r["reason"])
@@ -43,14 +67,24 @@ def test_bucketed_row_replays_a_graph_per_bucket(tmp_path: Path) -> None:
     reference = rows["whole+buckets T=512 alone"]["varlen"]
     assert family["pool_mib"] and reference["pool_mib"], (family, reference)
     (summary,) = data["summary"]
-    assert summary["judged"] and summary["pool_ratio"] == pytest.approx(family["pool_mib"] / reference["pool_mib"])
+    assert summary["judged"] and summary["pool_ratio"] == pytest.approx(
+        family["pool_mib"] / reference["pool_mib"]
+    )
     assert summary["fixed_speedup"] is not None and summary["share_of_fixed_speedup"] is not None
     # The one-graph row replays only when its captured length comes round again.
     assert rows["whole"]["varlen"]["eager_after_warmup"] > 0
 
 
 def test_every_row_runs(tmp_path: Path) -> None:
-    data = _bench(tmp_path, "--model", "varlen_models:small_lm", "--seq-lens", "33:256", "--profile-steps", "0")
+    data = _bench(
+        tmp_path,
+        "--model",
+        "varlen_models:small_lm",
+        "--seq-lens",
+        "33:256",
+        "--profile-steps",
+        "0",
+    )
     rows = {r["strategy"]: r for r in data["results"]}
     assert len(rows) == 9
     for name, r in rows.items():

@@ -17,7 +17,13 @@ from launcher import gpu_world, ok, run_scenarios
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
-NAMES = ["no_sync_outside", "no_sync_argument", "no_sync_after_capture", "raises_in_capture", "interrupted_in_capture"]
+NAMES = [
+    "no_sync_outside",
+    "no_sync_argument",
+    "no_sync_after_capture",
+    "raises_in_capture",
+    "interrupted_in_capture",
+]
 PROBE_CALL = 11
 Results = dict[str, list[dict[str, Any]]]
 
@@ -25,7 +31,9 @@ Results = dict[str, list[dict[str, Any]]]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("gpu_capture_call")
-    return run_scenarios("gpu_capture_call.py", NAMES, Path(out), nproc=gpu_world(), timeout=400, group_timeout_s=60)
+    return run_scenarios(
+        "gpu_capture_call.py", NAMES, Path(out), nproc=gpu_world(), timeout=400, group_timeout_s=60
+    )
 
 
 def _same_states(ranks: list[dict[str, Any]]) -> None:
@@ -33,13 +41,17 @@ def _same_states(ranks: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.parametrize("name", ["no_sync_outside", "no_sync_argument"])
-def test_accumulation_across_calls_is_refused_and_trains_as_eager(results: Results, name: str) -> None:
+def test_accumulation_across_calls_is_refused_and_trains_as_eager(
+    results: Results, name: str
+) -> None:
     ranks = ok(results[name])
     _same_states(ranks)
     for r in ranks:
         assert r["state"] == "eager" and r["code"] == "UNSUPPORTED_SETUP", r
         assert r["stats"]["captures"] == 0 and r["stats"]["replays"] == 0, r
-        assert r["states"][PROBE_CALL - 1 :] == ["eager"] * (len(r["states"]) - PROBE_CALL + 1), r["states"]
+        assert r["states"][PROBE_CALL - 1 :] == ["eager"] * (len(r["states"]) - PROBE_CALL + 1), r[
+            "states"
+        ]
         assert r["loss_rel_diff"] <= TOL and r["param_rel_diff"] <= TOL, r
 
 
@@ -53,9 +65,19 @@ def test_accumulation_after_capture_runs_eagerly_from_its_first_call(results: Re
         assert r["loss_rel_diff"] <= TOL and r["param_rel_diff"] <= TOL, r
 
 
-@pytest.mark.parametrize("name, error", [("raises_in_capture", "ValueError"), ("interrupted_in_capture", "KeyboardInterrupt")])
-def test_what_the_step_raises_while_recorded_reaches_the_loop(results: Results, name: str, error: str) -> None:
+@pytest.mark.parametrize(
+    "name, error",
+    [("raises_in_capture", "ValueError"), ("interrupted_in_capture", "KeyboardInterrupt")],
+)
+def test_what_the_step_raises_while_recorded_reaches_the_loop(
+    results: Results, name: str, error: str
+) -> None:
     for r in ok(results[name]):
-        assert r["raised"] == {"at": PROBE_CALL, "type": error, "state": "warmup", "untouched": True}, r
+        assert r["raised"] == {
+            "at": PROBE_CALL,
+            "type": error,
+            "state": "warmup",
+            "untouched": True,
+        }, r
         assert r["state"] == "captured" and r["stats"]["captures"] == 1, r  # the retry captured
         assert r["loss_rel_diff"] <= TOL and r["param_rel_diff"] <= TOL, r

@@ -113,7 +113,9 @@ def test_scheduler_inside_the_step_is_refused(results: dict[str, list[dict[str, 
 
 
 @pytest.mark.two_ranks
-def test_capture_failing_on_one_rank_falls_back_everywhere(results: dict[str, list[dict[str, Any]]]) -> None:
+def test_capture_failing_on_one_rank_falls_back_everywhere(
+    results: dict[str, list[dict[str, Any]]],
+) -> None:
     for name in ("fail_one_rank_after_backward", "fail_one_rank_in_forward"):
         for r in ok(results[name]):
             assert r["state"] == "eager", (name, r)
@@ -122,7 +124,9 @@ def test_capture_failing_on_one_rank_falls_back_everywhere(results: dict[str, li
 
 
 @pytest.mark.two_ranks
-def test_changed_inputs_run_eagerly_without_hanging(results: dict[str, list[dict[str, Any]]]) -> None:
+def test_changed_inputs_run_eagerly_without_hanging(
+    results: dict[str, list[dict[str, Any]]],
+) -> None:
     rank0, rank1 = ok(results["input_change"])
     assert rank0["stats"]["input_changes"] == 1 and rank1["stats"]["input_changes"] == 2
     for r in (rank0, rank1):
@@ -142,20 +146,26 @@ def test_float_lr_assignment_reaches_the_graph(results: dict[str, list[dict[str,
         assert r["state"] == "captured" and r["moved_after_zero_lr"] == 0
 
 
-def test_python_momentum_schedule_falls_back_correctly(results: dict[str, list[dict[str, Any]]]) -> None:
+def test_python_momentum_schedule_falls_back_correctly(
+    results: dict[str, list[dict[str, Any]]],
+) -> None:
     for r in ok(results["momentum_schedule"]):
         assert r["state"] == "eager" and r["code"] == "LR_BAKED_INTO_GRAPH"
         assert r["param_rel_diff"] <= TOL and r["loss_rel_diff"] <= TOL
 
 
-def test_eager_steps_on_the_capture_stream_match_plain_ddp(results: dict[str, list[dict[str, Any]]]) -> None:
+def test_eager_steps_on_the_capture_stream_match_plain_ddp(
+    results: dict[str, list[dict[str, Any]]],
+) -> None:
     for r in ok(results["stream_usage"]):
         print(f"rank {r['rank']}: loss differences against plain DDP: {r}")
         assert r["plain_again"] == 0, "plain DDP is not deterministic run to run"
         assert r["capture_stream_eager"] == 0
 
 
-def test_a_failed_capture_leaves_dropout_working_and_training_eager(results: dict[str, list[dict[str, Any]]]) -> None:
+def test_a_failed_capture_leaves_dropout_working_and_training_eager(
+    results: dict[str, list[dict[str, Any]]],
+) -> None:
     # Before: "Offset increment outside graph capture encountered unexpectedly" at the
     # first eager step after the failed capture.
     for r in ok(results["failed_capture_with_dropout"]):

@@ -16,12 +16,16 @@ from launcher import gpu_world
 
 pytestmark = pytest.mark.gpu
 PYTHON_FILES = [p for p in documents() if any(b.language == "python" and b.runs for b in blocks(p))]
-GPU_BASH = [b for p in documents() for b in blocks(p) if b.language == "bash" and b.runs and b.gpu_only]
+GPU_BASH = [
+    b for p in documents() for b in blocks(p) if b.language == "bash" and b.runs and b.gpu_only
+]
 
 
 @pytest.mark.parametrize("path", PYTHON_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_python_blocks_run_on_the_gpus(path: Path, tmp_path: Path) -> None:
-    results = doc_blocks.launch_python_blocks(path, tmp_path, nproc=gpu_world(), gpu=True, timeout=480)
+    results = doc_blocks.launch_python_blocks(
+        path, tmp_path, nproc=gpu_world(), gpu=True, timeout=480
+    )
     assert doc_blocks.failures(results) == ""
 
 

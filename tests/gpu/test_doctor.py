@@ -80,14 +80,18 @@ def test_pytorchs_recipe_on_the_graphs_own_stream_captures_clean() -> None:
     # warns that the accumulators' stream differs, and the capture is fine.
     status, report, output = _run("own_stream_clean.py")
     assert status == 0 and report["findings"] == [], output[-4000:]
-    assert all(r["ddp_captures"] == 1 and r["ddp_replays"] == 20 for r in report["ranks"]), report["ranks"]
+    assert all(r["ddp_captures"] == 1 and r["ddp_replays"] == 20 for r in report["ranks"]), report[
+        "ranks"
+    ]
 
 
 def test_an_odd_batch_on_one_rank_is_no_disagreement() -> None:
     if WORLD < 2:
         pytest.skip("the odd batch falls on one rank of two; DDPGRAPH_GPU_WORLD=1")
     status, report, output = _run("capture_step_uneven_shards.py")
-    assert status == 0 and report["findings"] == [], json.dumps(report["findings"], indent=1) + output[-4000:]
+    assert status == 0 and report["findings"] == [], (
+        json.dumps(report["findings"], indent=1) + output[-4000:]
+    )
     ranks = report["ranks"]
     # The case did happen: the last rank replayed less, and synchronised as often.
     assert ranks[0]["ddp_replays"] > ranks[-1]["ddp_replays"], ranks
@@ -101,12 +105,21 @@ def test_a_pinned_dataloader_is_named_by_its_pin_memory_thread() -> None:
     [finding] = report["findings"]
     assert finding["code"] == "OTHER_THREAD_IN_CAPTURE", output[-4000:]
     assert "pin-memory thread of the DataLoader built at " in finding["happened"]
-    assert "loader = DataLoader(data, batch_size=64" in finding["happened"] and "`Tensor.pin_memory`" in finding["happened"]
-    assert 'capture_error_mode="thread_local"' in finding["fix"] and "capture_step" in finding["fix"]
+    assert (
+        "loader = DataLoader(data, batch_size=64" in finding["happened"]
+        and "`Tensor.pin_memory`" in finding["happened"]
+    )
+    assert (
+        'capture_error_mode="thread_local"' in finding["fix"] and "capture_step" in finding["fix"]
+    )
     for clean in ("recipe_pinned_loader_thread_local.py", "capture_step_pinned_loader.py"):
         status, report, output = _run(clean)
-        assert status == 0 and report["findings"] == [], json.dumps(report["findings"], indent=1) + output[-4000:]
-        assert all(r["captures"] == 1 and r["replays"] > 40 for r in report["ranks"]), report["ranks"]
+        assert status == 0 and report["findings"] == [], (
+            json.dumps(report["findings"], indent=1) + output[-4000:]
+        )
+        assert all(r["captures"] == 1 and r["replays"] > 40 for r in report["ranks"]), report[
+            "ranks"
+        ]
 
 
 def test_a_sync_inside_transformers_names_the_chain_and_a_setting() -> None:
@@ -114,7 +127,10 @@ def test_a_sync_inside_transformers_names_the_chain_and_a_setting() -> None:
     [finding] = report["findings"]
     assert finding["code"] == "HOST_SYNC_IN_CAPTURE", output[-4000:]
     assert finding["location"]["source"].startswith("return self.lm(input_ids=ids).logits")
-    assert "calls into transformers, where" in finding["happened"] and "transformers/" in finding["happened"]
+    assert (
+        "calls into transformers, where" in finding["happened"]
+        and "transformers/" in finding["happened"]
+    )
     assert 'attn_implementation="sdpa"' in finding["fix"]
     assert "calls into transformers" in output  # the script prints step.reason: the same chain
 
@@ -131,8 +147,14 @@ def test_scripts_behave_the_same_without_the_doctor(name: str) -> None:
 
 
 def test_env_on_the_gpu_machine() -> None:
-    done = subprocess.run([sys.executable, "-m", "ddpgraph", "doctor", "--env", "--json"],
-                          env=env(), capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpgraph", "doctor", "--env", "--json"],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     data = json.loads(done.stdout)
     assert done.returncode == (1 if data["findings"] else 0)
     assert len(data["gpus"]) >= WORLD and data["versions"]["nccl"]

@@ -65,7 +65,9 @@ def test_sync_batch_norm_on_one_process_is_batch_norm_and_bit_for_bit(results: R
         assert r["param_rel_diff"] == 0.0 and r["buffer_rel_diff"] == 0.0, r
 
 
-def test_grouped_expert_routing_in_fp32_weights_is_captured_or_refused_naming_the_fix(results: Results) -> None:
+def test_grouped_expert_routing_in_fp32_weights_is_captured_or_refused_naming_the_fix(
+    results: Results,
+) -> None:
     # bf16 autocast with fp32 expert weights: transformers casts the activations to the
     # weights' dtype, and PyTorch's CUDA grouped product for anything but bf16 loops over
     # offsets it reads on the host. Either way the outcome must be exact.
@@ -83,5 +85,8 @@ def test_the_per_expert_loop_is_refused_with_its_line_and_the_setting(results: R
     for r in ok(results["moe_eager_experts"]):
         _report("moe_eager_experts", r)
         assert r["state"] == "eager" and r["code"] == "HOST_SYNC_IN_CAPTURE", r["reason"]
-        assert "modeling_mixtral.py" in r["reason"] and 'experts_implementation="grouped_mm"' in r["reason"]
+        assert (
+            "modeling_mixtral.py" in r["reason"]
+            and 'experts_implementation="grouped_mm"' in r["reason"]
+        )
         assert r["same_losses"] and r["param_rel_diff"] == 0.0

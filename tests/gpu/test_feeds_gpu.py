@@ -25,7 +25,14 @@ pytestmark = pytest.mark.gpu
 TOL = 1e-5
 COMPILED_LOSS_TOL = 2e-2
 WARMUP = 11
-LOADERS = ["loader_pin0_w0", "loader_pin0_w2", "loader_pin0_w4", "loader_pin1_w0", "loader_pin1_w2", "loader_pin1_w4"]
+LOADERS = [
+    "loader_pin0_w0",
+    "loader_pin0_w2",
+    "loader_pin0_w4",
+    "loader_pin1_w0",
+    "loader_pin1_w2",
+    "loader_pin1_w4",
+]
 FEEDS = ["non_blocking", "prefetcher", "poller"]
 # Fresh processes of the stress case beside the one of 20 captures.
 STRESS_PROCESSES = 3
@@ -36,11 +43,15 @@ Results = dict[str, list[dict[str, Any]]]
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     """Each case in its own process (a torchrun launch), one after another."""
     out: Results = {}
-    runs = [(name, name) for name in [*LOADERS, *FEEDS, "own_sync_in_capture", "buckets", "stress_20"]]
+    runs = [
+        (name, name) for name in [*LOADERS, *FEEDS, "own_sync_in_capture", "buckets", "stress_20"]
+    ]
     runs += [(f"stress_5#{i}", "stress_5") for i in range(STRESS_PROCESSES)]
     for label, name in runs:
         folder = Path(tmp_path_factory.mktemp(label.replace("#", "_")))
-        out[label] = run_scenarios("gpu_feeds.py", [name], folder, nproc=gpu_world(), timeout=240)[name]
+        out[label] = run_scenarios("gpu_feeds.py", [name], folder, nproc=gpu_world(), timeout=240)[
+            name
+        ]
     return out
 
 
@@ -65,9 +76,17 @@ def _check_case(name: str, ranks: list[dict[str, Any]], *, evaluated: bool) -> N
             _check_graphed(name, run, r)
             stats = r["stats"]
             assert stats["captures"] == 1 and stats["warmup_steps"] == WARMUP, (name, run, stats)
-            assert stats["eager_steps"] == 0 and stats["replays"] == r["calls"] - WARMUP, (name, run, stats)
+            assert stats["eager_steps"] == 0 and stats["replays"] == r["calls"] - WARMUP, (
+                name,
+                run,
+                stats,
+            )
             if evaluated:
-                assert r["eval"]["state"] == "captured" and r["eval"]["stats"]["replays"] > 0, (name, run, r["eval"])
+                assert r["eval"]["state"] == "captured" and r["eval"]["stats"]["replays"] > 0, (
+                    name,
+                    run,
+                    r["eval"],
+                )
                 assert r["pred_rel_diff"] <= TOL, (name, run, r["pred_rel_diff"])
         partial = {**runs["partial"], "rank": rank["rank"]}
         _check_graphed(name, "partial", partial)
@@ -83,10 +102,15 @@ def test_compile_replays_the_pinned_loaders_batches(results: Results) -> None:
         for run in ("compile_0", "compile_1"):
             r = rank["runs"][run]
             stats = r["stats"]
-            print(f"compile {run} rank {rank['rank']}: {stats}, loss rel diff {r['loss_rel_diff']:.2e}")
+            print(
+                f"compile {run} rank {rank['rank']}: {stats}, loss rel diff {r['loss_rel_diff']:.2e}"
+            )
             assert r["state"] == "captured" and r["code"] is None, r["reason"]
             # Every call after the capture replayed: none ran eagerly for its CPU batch.
-            assert r["eager_reason"] is None and stats["eager_steps"] == 0, (r["eager_reason"], stats)
+            assert r["eager_reason"] is None and stats["eager_steps"] == 0, (
+                r["eager_reason"],
+                stats,
+            )
             assert stats["replays"] >= r["calls"] - WARMUP - 5, stats
             assert r["loss_rel_diff"] <= COMPILED_LOSS_TOL, r["loss_rel_diff"]
             assert not r["warnings"], r["warnings"]
@@ -97,7 +121,10 @@ def test_copies_prefetchers_and_threads_of_the_users_own(results: Results, name:
     _check_case(name, results[name], evaluated=name == "poller")
     if name == "poller":
         for rank in ok(results[name]):
-            assert rank["polls"] > 100 and rank["poll_errors"] == [], (rank["polls"], rank["poll_errors"])
+            assert rank["polls"] > 100 and rank["poll_errors"] == [], (
+                rank["polls"],
+                rank["poll_errors"],
+            )
 
 
 def test_the_capturing_threads_own_host_read_is_still_refused_and_named(results: Results) -> None:
@@ -123,5 +150,9 @@ def test_twenty_captures_in_a_row_and_fresh_processes(results: Results) -> None:
         for rank in ok(results[label]):
             outcomes = rank["outcomes"]
             assert len(outcomes) == (20 if label == "stress_20" else 5)
-            failed = [(i, o["reason"]) for i, o in enumerate(outcomes) if o["state"] != "captured" or o["stats"]["replays"] < 3]
+            failed = [
+                (i, o["reason"])
+                for i, o in enumerate(outcomes)
+                if o["state"] != "captured" or o["stats"]["replays"] < 3
+            ]
             assert failed == [], (label, failed)

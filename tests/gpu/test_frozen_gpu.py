@@ -17,10 +17,22 @@ from launcher import gpu_world, ok, run_scenarios, scenarios_for_world
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
 REFUSED = {"counter": "counter", "ramp": "ramp", "weight_from_global": "global"}
-CLEAN = ["clean_demo_gpt", "clean_hf_gpt2", "clean_hf_llama", "clean_cnn_sgd", "clean_accumulate_scaler"]
+CLEAN = [
+    "clean_demo_gpt",
+    "clean_hf_gpt2",
+    "clean_hf_llama",
+    "clean_cnn_sgd",
+    "clean_accumulate_scaler",
+]
 ALL_NAMES = [
-    *REFUSED, "flag_after_capture", "flag_after_capture_unchecked", "flag_on_one_rank", "counter_after_capture",
-    *CLEAN, "compile_guard_after_capture", "compile_counter",
+    *REFUSED,
+    "flag_after_capture",
+    "flag_after_capture_unchecked",
+    "flag_on_one_rank",
+    "counter_after_capture",
+    *CLEAN,
+    "compile_guard_after_capture",
+    "compile_counter",
 ]
 TWO_RANKS = {"flag_on_one_rank"}
 NAMES = scenarios_for_world(ALL_NAMES, TWO_RANKS)
@@ -90,7 +102,9 @@ def test_compile_a_guard_failing_at_a_check_captures_again(results: Results) -> 
         assert len(r["warnings"]) == (1 if r["rank"] == 0 else 0)
         if r["rank"] == 0:
             # Dynamo's guard on the attribute (`self.gain == 1.0`), at the line it guards.
-            assert "gain" in r["warnings"][0] and "# frozen: guarded" in r["warnings"][0], r["warnings"]
+            assert "gain" in r["warnings"][0] and "# frozen: guarded" in r["warnings"][0], r[
+                "warnings"
+            ]
 
 
 def test_compile_a_counter_in_the_step_is_refused(results: Results) -> None:

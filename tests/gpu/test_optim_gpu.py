@@ -39,16 +39,27 @@ def _model() -> nn.Module:
 
 def _data(n: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(3)
-    return [(torch.randn(16, 32, generator=g), torch.randint(0, 8, (16,), generator=g)) for _ in range(n)]
+    return [
+        (torch.randn(16, 32, generator=g), torch.randint(0, 8, (16,), generator=g))
+        for _ in range(n)
+    ]
 
 
 class Loop:
     """A model, optimizer and schedule, trained captured or eagerly with the same settings."""
 
-    def __init__(self, make_opt: Callable[..., torch.optim.Optimizer], schedule: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        make_opt: Callable[..., torch.optim.Optimizer],
+        schedule: Callable[..., Any] | None = None,
+    ) -> None:
         self.model = _model()
         self.opt = make_opt(self.model.parameters())
-        self.sched = schedule(self.opt) if schedule else torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1 / (1 + s))
+        self.sched = (
+            schedule(self.opt)
+            if schedule
+            else torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1 / (1 + s))
+        )
 
     def fn(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.opt.zero_grad(set_to_none=True)
@@ -58,7 +69,15 @@ class Loop:
         self.opt.step()
         return loss.detach()
 
-    def train(self, data: list[Any], *, captured: bool, plain: bool = False, before: Callable[[int], None] | None = None, **kw: Any) -> Any:
+    def train(
+        self,
+        data: list[Any],
+        *,
+        captured: bool,
+        plain: bool = False,
+        before: Callable[[int], None] | None = None,
+        **kw: Any,
+    ) -> Any:
         """Captured, eager with the same settings, or (`plain`) ordinary eager training."""
         if captured:
             step: Any = ddpgraph.capture_step(self.fn, model=self.model, optimizer=self.opt, **kw)
@@ -115,7 +134,9 @@ def test_checkpoint_saved_during_graphed_training_steps_in_a_plain_optimizer_on_
 
 @pytest.mark.parametrize("kind", ["ordinary", "graphed", "other_structure"])
 def test_checkpoint_from_anywhere_continues_captured_and_equals_eager(kind: str) -> None:
-    source = Loop(lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1, amsgrad=kind == "other_structure"))
+    source = Loop(
+        lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1, amsgrad=kind == "other_structure")
+    )
     source.train(_data(6), captured=kind == "graphed", plain=kind != "graphed")
     saved = copy.deepcopy(source.opt.state_dict())
 
@@ -152,7 +173,9 @@ def test_nadam_that_stepped_eagerly_before_capture_step_captures() -> None:
 
 def test_close_leaves_the_optimizer_as_given() -> None:
     loop = Loop(_adamw)
-    given = copy.deepcopy([{k: v for k, v in g.items() if k != "params"} for g in loop.opt.param_groups])
+    given = copy.deepcopy(
+        [{k: v for k, v in g.items() if k != "params"} for g in loop.opt.param_groups]
+    )
     defaults = copy.deepcopy(loop.opt.defaults)
     step = loop.train(_data(8), captured=True)
     assert step.state is StepState.CAPTURED
@@ -188,21 +211,34 @@ def test_per_replay_cost_of_the_mirrored_hyperparameters() -> None:
             assert safe.before_replay() is None
         per = (time.perf_counter() - start) / 2000
         # A warning, so that the number reaches the run's summary without `-s`.
-        warnings.warn(f"before_replay, {n_changed} value(s) changed: {per * 1e6:.2f} us", stacklevel=1)
+        warnings.warn(
+            f"before_replay, {n_changed} value(s) changed: {per * 1e6:.2f} us", stacklevel=1
+        )
     # What a scheduler cost per step when the lr was a device tensor in the param group
     # (it filled that tensor itself): the part of the 1-changed cost that is not new.
     lr = torch.zeros((), device=DEV)
     start = time.perf_counter()
     for i in range(2000):
         lr.fill_(1e-3 * (1 + i % 2))
-    warnings.warn(f"a device tensor's fill_: {(time.perf_counter() - start) / 2000 * 1e6:.2f} us", stacklevel=1)
+    warnings.warn(
+        f"a device tensor's fill_: {(time.perf_counter() - start) / 2000 * 1e6:.2f} us",
+        stacklevel=1,
+    )
     step.close()
 
 
 def _llama_run(captured: bool, bf16: bool) -> list[torch.Tensor]:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, vocab_size=4096, intermediate_size=688, max_position_embeddings=128)
+    cfg = transformers.LlamaConfig(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=4096,
+        intermediate_size=688,
+        max_position_embeddings=128,
+    )
     cfg._attn_implementation = "sdpa"
     model = transformers.LlamaForCausalLM(cfg).to(DEV)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)

@@ -87,7 +87,9 @@ def _ran(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return ok(ranks)
 
 
-def test_parity_check_names_the_llama_capture_branch(results: dict[str, list[dict[str, Any]]]) -> None:
+def test_parity_check_names_the_llama_capture_branch(
+    results: dict[str, list[dict[str, Any]]],
+) -> None:
     # The Llama's mask builder synchronises in eager steps and not while recording: the
     # capture reports that on rank 0, and a bit-for-bit parity check finds the difference,
     # names that line as the likely cause, and the step goes on eagerly (on_failure).
@@ -97,7 +99,9 @@ def test_parity_check_names_the_llama_capture_branch(results: dict[str, list[dic
         assert "PARITY_MISMATCH" in r["reason"] and "likely cause" in r["reason"], r["reason"]
         assert "masking_utils" in r["reason"], r["reason"]
         if r["rank"] == 0:
-            assert any("masking_utils" in m and "parity=" in m for m in r["warnings"]), r["warnings"]
+            assert any("masking_utils" in m and "parity=" in m for m in r["warnings"]), r[
+                "warnings"
+            ]
         # The check's one replay (its state undone), then eager steps only (run 33).
         assert r["stats"]["replays"] == 1 and r["stats"]["eager_steps"] >= 1, r["stats"]
 

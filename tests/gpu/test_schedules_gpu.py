@@ -49,7 +49,11 @@ def _note(text: str) -> None:
 # ------------------------------------------------------------------ the own updates
 @pytest.mark.parametrize(
     ("cls", "decay", "amsgrad", "maximize"),
-    list(itertools.product([torch.optim.Adam, torch.optim.AdamW], [0.0, 0.05], [False, True], [False, True])),
+    list(
+        itertools.product(
+            [torch.optim.Adam, torch.optim.AdamW], [0.0, 0.05], [False, True], [False, True]
+        )
+    ),
 )
 @pytest.mark.parametrize("cycled", [False, True], ids=["fixed", "cycled"])
 def test_own_adam_update_is_the_capturable_cuda_kernel_bit_for_bit(
@@ -57,7 +61,15 @@ def test_own_adam_update_is_the_capturable_cuda_kernel_bit_for_bit(
 ) -> None:
     def make(ps: list[nn.Parameter]) -> Optimizer:
         lr = torch.tensor(0.01, device=DEV)
-        return cls(ps, lr=lr, weight_decay=decay, amsgrad=amsgrad, maximize=maximize, capturable=True, foreach=True)
+        return cls(
+            ps,
+            lr=lr,
+            weight_decay=decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            capturable=True,
+            foreach=True,
+        )
 
     values = [(b if cycled else 0.9, 0.99) for b in CYCLE]
     assert same_steps(make, make, "betas", values, torch.float32, DEV)
@@ -65,17 +77,27 @@ def test_own_adam_update_is_the_capturable_cuda_kernel_bit_for_bit(
 
 SGD_OPTIONS = [
     v
-    for v in itertools.product([0.0, 0.9], [0.0, 0.1], [False, True], [0.0, 0.05], [False, True], ["fixed", "cycled"])
+    for v in itertools.product(
+        [0.0, 0.9], [0.0, 0.1], [False, True], [0.0, 0.05], [False, True], ["fixed", "cycled"]
+    )
     if not (v[2] and (v[0] == 0 or v[1] != 0)) and not (v[0] == 0 and v[5] == "cycled")
 ]
 
 
-@pytest.mark.parametrize(("momentum", "dampening", "nesterov", "decay", "maximize", "values"), SGD_OPTIONS)
+@pytest.mark.parametrize(
+    ("momentum", "dampening", "nesterov", "decay", "maximize", "values"), SGD_OPTIONS
+)
 def test_own_sgd_update_is_the_foreach_cuda_kernel_bit_for_bit(
     momentum: float, dampening: float, nesterov: bool, decay: float, maximize: bool, values: str
 ) -> None:
     lr = 0.0123
-    kw = {"momentum": momentum, "dampening": dampening, "nesterov": nesterov, "weight_decay": decay, "maximize": maximize}
+    kw = {
+        "momentum": momentum,
+        "dampening": dampening,
+        "nesterov": nesterov,
+        "weight_decay": decay,
+        "maximize": maximize,
+    }
 
     def make(ps: list[nn.Parameter]) -> Optimizer:
         return torch.optim.SGD(ps, lr=lr, foreach=True, **kw)
@@ -92,8 +114,12 @@ def test_own_sgd_update_is_the_foreach_cuda_kernel_bit_for_bit(
 def test_how_far_the_own_sgd_update_is_from_the_fused_kernel() -> None:
     """Printed, never asserted: fused SGD computes in double inside one kernel."""
     theirs, ours = params(torch.float32, DEV), params(torch.float32, DEV)
-    fused = torch.optim.SGD(theirs, lr=0.0123, momentum=0.9, nesterov=True, weight_decay=1e-4, fused=True)
-    plain = torch.optim.SGD(ours, lr=0.0123, momentum=0.9, nesterov=True, weight_decay=1e-4, foreach=True)
+    fused = torch.optim.SGD(
+        theirs, lr=0.0123, momentum=0.9, nesterov=True, weight_decay=1e-4, fused=True
+    )
+    plain = torch.optim.SGD(
+        ours, lr=0.0123, momentum=0.9, nesterov=True, weight_decay=1e-4, foreach=True
+    )
     for k in range(20):
         g = torch.Generator().manual_seed(k)
         for a, b in zip(theirs, ours, strict=True):
@@ -101,8 +127,13 @@ def test_how_far_the_own_sgd_update_is_from_the_fused_kernel() -> None:
             b.grad = a.grad.clone()
         fused.step()
         plain.step()
-    worst = max(float(((a - b).abs().max() / a.abs().max()).item()) for a, b in zip(theirs, ours, strict=True))
-    _note(f"foreach SGD (what the own update computes) against fused SGD after 20 steps: {worst:.3g} relative")
+    worst = max(
+        float(((a - b).abs().max() / a.abs().max()).item())
+        for a, b in zip(theirs, ours, strict=True)
+    )
+    _note(
+        f"foreach SGD (what the own update computes) against fused SGD after 20 steps: {worst:.3g} relative"
+    )
 
 
 def test_what_the_cuda_kernels_take_is_probed() -> None:
@@ -131,7 +162,10 @@ def _model() -> nn.Module:
 
 def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(3)
-    return [(torch.randn(16, 32, generator=g), torch.randint(0, 8, (16,), generator=g)) for _ in range(STEPS)]
+    return [
+        (torch.randn(16, 32, generator=g), torch.randint(0, 8, (16,), generator=g))
+        for _ in range(STEPS)
+    ]
 
 
 def _adamw(ps: Any) -> Optimizer:
@@ -144,7 +178,9 @@ def _sgd(ps: Any) -> Optimizer:
 
 def _timm_cosine(opt: Optimizer) -> Any:
     scheduler = pytest.importorskip("timm.scheduler")
-    return scheduler.CosineLRScheduler(opt, t_initial=STEPS, warmup_t=3, warmup_lr_init=1e-5, t_in_epochs=False)
+    return scheduler.CosineLRScheduler(
+        opt, t_initial=STEPS, warmup_t=3, warmup_lr_init=1e-5, t_in_epochs=False
+    )
 
 
 def _hf(name: str) -> Callable[[Optimizer], Any]:
@@ -157,25 +193,48 @@ def _hf(name: str) -> Callable[[Optimizer], Any]:
 
 CASES: dict[str, tuple[Callable[[Any], Optimizer], Callable[[Optimizer], Any]]] = {
     "AdamW-OneCycleLR": (_adamw, lambda o: lrs.OneCycleLR(o, max_lr=1e-2, total_steps=STEPS + 1)),
-    "SGD-nesterov-OneCycleLR": (_sgd, lambda o: lrs.OneCycleLR(o, max_lr=5e-2, total_steps=STEPS + 1)),
+    "SGD-nesterov-OneCycleLR": (
+        _sgd,
+        lambda o: lrs.OneCycleLR(o, max_lr=5e-2, total_steps=STEPS + 1),
+    ),
     "SGD-CyclicLR": (_sgd, lambda o: lrs.CyclicLR(o, base_lr=1e-3, max_lr=5e-2, step_size_up=3)),
-    "Adam-CyclicLR": (lambda ps: torch.optim.Adam(ps, lr=1e-3), lambda o: lrs.CyclicLR(o, base_lr=1e-4, max_lr=1e-2, step_size_up=3)),
+    "Adam-CyclicLR": (
+        lambda ps: torch.optim.Adam(ps, lr=1e-3),
+        lambda o: lrs.CyclicLR(o, base_lr=1e-4, max_lr=1e-2, step_size_up=3),
+    ),
     "SGD-ChainedScheduler": (
         _sgd,
-        lambda o: lrs.ChainedScheduler([lrs.LinearLR(o, start_factor=0.5, total_iters=4), lrs.CyclicLR(o, base_lr=1e-3, max_lr=5e-2, step_size_up=3)]),
+        lambda o: lrs.ChainedScheduler(
+            [
+                lrs.LinearLR(o, start_factor=0.5, total_iters=4),
+                lrs.CyclicLR(o, base_lr=1e-3, max_lr=5e-2, step_size_up=3),
+            ]
+        ),
     ),
     "AdamW-SequentialLR": (
         _adamw,
-        lambda o: lrs.SequentialLR(o, [lrs.LinearLR(o, start_factor=0.1, total_iters=3), lrs.CosineAnnealingLR(o, T_max=STEPS)], milestones=[3]),
+        lambda o: lrs.SequentialLR(
+            o,
+            [
+                lrs.LinearLR(o, start_factor=0.1, total_iters=3),
+                lrs.CosineAnnealingLR(o, T_max=STEPS),
+            ],
+            milestones=[3],
+        ),
     ),
-    "AdamW-ReduceLROnPlateau": (_adamw, lambda o: lrs.ReduceLROnPlateau(o, factor=0.5, patience=1, threshold=0.9)),
+    "AdamW-ReduceLROnPlateau": (
+        _adamw,
+        lambda o: lrs.ReduceLROnPlateau(o, factor=0.5, patience=1, threshold=0.9),
+    ),
     "AdamW-hf-cosine": (_adamw, _hf("get_cosine_schedule_with_warmup")),
     "AdamW-hf-linear": (_adamw, _hf("get_linear_schedule_with_warmup")),
     "AdamW-timm-CosineLRScheduler": (_adamw, _timm_cosine),
 }
 
 
-def _train(make_opt: Callable[[Any], Optimizer], schedule: Callable[[Optimizer], Any], *, captured: bool) -> tuple[list[torch.Tensor], Any, list[Any]]:
+def _train(
+    make_opt: Callable[[Any], Optimizer], schedule: Callable[[Optimizer], Any], *, captured: bool
+) -> tuple[list[torch.Tensor], Any, list[Any]]:
     model = _model()
     opt = make_opt(model.parameters())
     sched = schedule(opt)
@@ -209,7 +268,9 @@ def _train(make_opt: Callable[[Any], Optimizer], schedule: Callable[[Optimizer],
         else:
             sched.step()
         group = opt.param_groups[0]
-        seen.append((getattr(step, "state", None), group["lr"], group.get("betas"), group.get("momentum")))
+        seen.append(
+            (getattr(step, "state", None), group["lr"], group.get("betas"), group.get("momentum"))
+        )
     torch.cuda.synchronize()
     out = [p.detach().clone() for p in model.parameters()]
     if captured:
@@ -252,4 +313,6 @@ def test_per_replay_cost_with_a_cycled_momentum() -> None:
             if change:
                 group["lr"], group["betas"] = 1e-3 * (1 + i % 2), (0.85 + 0.01 * (i % 2), 0.999)
             assert safe.before_replay() is None
-        _note(f"before_replay with the own update, {label} changed: {(time.perf_counter() - start) / 2000 * 1e6:.2f} us")
+        _note(
+            f"before_replay with the own update, {label} changed: {(time.perf_counter() - start) / 2000 * 1e6:.2f} us"
+        )

@@ -53,7 +53,9 @@ def _trial(report: dict[str, Any], name: str) -> dict[str, Any]:
 def test_partial_graphs_around_a_host_sync_and_trains_like_eager(results: Results) -> None:
     for r in ok(results["partial_host_sync"]):
         assert r["state"] == "captured", r["reason"]
-        assert set(r["graphed"]) == {"tok", "pos", "blocks.0", "blocks.1", "ln", "head"}, r["report"]
+        assert set(r["graphed"]) == {"tok", "pos", "blocks.0", "blocks.1", "ln", "head"}, r[
+            "report"
+        ]
         assert r["root_code"] == "HOST_SYNC_IN_CAPTURE" and r["root_line"] == r["expected_line"]
         # 24 steps: the first records, the odd batch runs the original forwards.
         assert r["replays"]["blocks.0"] == 22 and r["fallbacks"]["blocks.0"] == 1
@@ -84,7 +86,9 @@ def test_auto_chooses_the_whole_step_graph_on_a_launch_bound_model(results: Resu
         report = r["report"]
         print(r["text"])
         assert report["winner"] == "whole" and report["code"] == "AUTO_CHOSE_STRATEGY", r["text"]
-        assert _statuses(report) == {"eager": "correct", "whole": "chosen", "partial": "correct"}, r["text"]
+        assert _statuses(report) == {"eager": "correct", "whole": "chosen", "partial": "correct"}, (
+            r["text"]
+        )
         assert _trial(report, "whole")["ms_per_step"] < _trial(report, "eager")["ms_per_step"]
         assert _trial(report, "whole")["update_diff"] <= TOL
         assert report["seconds"] <= report["budget_s"] + 60
@@ -124,7 +128,9 @@ def test_compile_inside_the_whole_step_graph(results: Results) -> None:
 
 def test_reduce_overhead_for_comparison(results: Results) -> None:
     for r in ok(results["reduce_overhead"]):
-        print(f"rank {r['rank']}: reduce-overhead vs eager: {r['loss_rel_diff']:.2e} loss, {r['param_rel_diff']:.2e} params")
+        print(
+            f"rank {r['rank']}: reduce-overhead vs eager: {r['loss_rel_diff']:.2e} loss, {r['param_rel_diff']:.2e} params"
+        )
         assert r["state"] == "eager" and r["code"] is None
         assert "all-reduces" in r["description"]
         assert r["loss_rel_diff"] <= COMPILED_LOSS_TOL, r
@@ -140,5 +146,8 @@ def test_strategy_table(results: Results, record_property: Callable[[str, object
             assert "error" not in cell, (strategy, label, cell)
             assert cell["ms"] > 0
     for label in rows["eager"]:
-        assert rows["whole"][label]["state"] == "captured" and rows["compile"][label]["state"] == "captured"
+        assert (
+            rows["whole"][label]["state"] == "captured"
+            and rows["compile"][label]["state"] == "captured"
+        )
         assert rows["whole"][label]["ms"] < rows["eager"][label]["ms"], label

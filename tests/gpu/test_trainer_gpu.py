@@ -19,7 +19,14 @@ from launcher import gpu_world, ok, run_scenarios, scenarios_for_world
 
 pytestmark = pytest.mark.gpu
 CAPTURED = ["cosine", "linear_bf16", "evaluate", "no_clipping", "dropout"]
-NAMES = [*CAPTURED, "compiled", "accumulate", "checkpoint_resume", "resume_same_trainer", "one_rank_callback"]
+NAMES = [
+    *CAPTURED,
+    "compiled",
+    "accumulate",
+    "checkpoint_resume",
+    "resume_same_trainer",
+    "one_rank_callback",
+]
 # Inductor's kernels are the same in both runs; what is left is the order of
 # floating-point reductions across the graph's boundary (the presets' bound).
 COMPILED_TOL = 1e-3
@@ -44,17 +51,24 @@ def _captured(r: dict[str, Any]) -> None:
 @pytest.mark.parametrize("name", CAPTURED)
 def test_each_update_is_captured_and_trains_like_trainer(results: Results, name: str) -> None:
     for r in ok(results[name]):
-        warnings.warn(f"{name}: {r['param_rel_diff']:.2e} against plain Trainer, same = {r['same']}, "
-                      f"seconds = {r['seconds']}", stacklevel=1)
+        warnings.warn(
+            f"{name}: {r['param_rel_diff']:.2e} against plain Trainer, same = {r['same']}, "
+            f"seconds = {r['seconds']}",
+            stacklevel=1,
+        )
         _captured(r)
         assert r["param_rel_diff"] == 0.0 and all(r["same"].values()), r["same"]
 
 
 def test_torch_compile_true_is_captured_around_the_compiled_model(results: Results) -> None:
     for r in ok(results["compiled"]):
-        warnings.warn(f"compiled: {r['param_rel_diff']:.2e} against plain compiled Trainer", stacklevel=1)
+        warnings.warn(
+            f"compiled: {r['param_rel_diff']:.2e} against plain compiled Trainer", stacklevel=1
+        )
         _captured(r)
-        assert r["param_rel_diff"] <= COMPILED_TOL and r["same"]["lrs"] and r["same"]["train_mode"], r
+        assert (
+            r["param_rel_diff"] <= COMPILED_TOL and r["same"]["lrs"] and r["same"]["train_mode"]
+        ), r
 
 
 def test_gradient_accumulation_is_refused_and_trains_as_trainer_does(results: Results) -> None:

@@ -56,7 +56,10 @@ def test_fp16_scaler_skips_overflow_on_every_rank_as_grad_scaler_does(results: R
             assert v["scales"] == v["ref_scales"], (name, v["scales"], v["ref_scales"])
             for s in POISONED_STEPS:
                 assert v["scales"][s] == v["scales"][s - 1] / 2, (name, s, v["scales"])
-            assert all(v["skipped_unchanged"]) and all(v["ref_skipped_unchanged"]), (name, v["skipped_unchanged"])
+            assert all(v["skipped_unchanged"]) and all(v["ref_skipped_unchanged"]), (
+                name,
+                v["skipped_unchanged"],
+            )
             assert v["skipped"] >= len(POISONED_STEPS)
             assert len(set(v["scales"])) > 2  # grew as well as backed off
             _close(v, f"scaler/{name} rank {r['rank']}")
@@ -96,12 +99,16 @@ def test_random_numbers_are_fresh_on_each_replay_and_follow_the_seed(results: Re
             assert 0.4 < v["keep_fraction"] < 0.6
             # Replays draw at the generator's offset and advance it by the graph's total,
             # the offsets eager kernels use: the same masks, hence the same training.
-            print(f"{generator} rank {r['rank']}: draws equal eager = {v['draws_equal_eager']}, "
-                  f"first differing step = {v['first_draw_diff_step']}")
+            print(
+                f"{generator} rank {r['rank']}: draws equal eager = {v['draws_equal_eager']}, "
+                f"first differing step = {v['first_draw_diff_step']}"
+            )
             assert v["draws_equal_eager"], (generator, v["first_draw_diff_step"])
             _close(v, f"random/{generator} rank {r['rank']}")
         unregistered = r["unregistered"]
-        assert unregistered["state"] == "eager" and "generator" in unregistered["reason"], unregistered["reason"]
+        assert unregistered["state"] == "eager" and "generator" in unregistered["reason"], (
+            unregistered["reason"]
+        )
         assert unregistered["draws_equal_eager"] and unregistered["bitwise"]
 
 

@@ -24,13 +24,19 @@ pytestmark = pytest.mark.gpu
 SCRIPT = SCENARIOS / "gpu_watchdog.py"
 
 
-def run(mode: str, out: Path, timeout: float = 240) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def run(
+    mode: str, out: Path, timeout: float = 240
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     env = torchrun_env()
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), mode, str(out)],
-        env=env, capture_output=True, text=True, timeout=timeout, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     path = out / f"{mode}.rank0.json"
     return proc, json.loads(path.read_text()) if path.exists() else {}
@@ -88,7 +94,9 @@ def test_two_gpus_a_rank_that_stops_calling_makes_the_other_fail_with_the_report
 ) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += [str(SCRIPT), "peer_stops", str(tmp_path)]
-    proc = subprocess.run(cmd, env=torchrun_env(), capture_output=True, text=True, timeout=240, check=False)
+    proc = subprocess.run(
+        cmd, env=torchrun_env(), capture_output=True, text=True, timeout=240, check=False
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0, log
     assert not (tmp_path / "stopper_woke").exists(), "torchrun did not end the stopped rank"

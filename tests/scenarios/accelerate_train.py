@@ -38,8 +38,14 @@ def _prepared(info: DistInfo, **accelerator_kw: Any):
     return accelerator, *accelerator.prepare(model, opt, loader, sched)
 
 
-def _train(info: DistInfo, *, capture: bool, graph_safe: bool = True, clip: bool = False,
-           **accelerator_kw: Any) -> dict[str, Any]:
+def _train(
+    info: DistInfo,
+    *,
+    capture: bool,
+    graph_safe: bool = True,
+    clip: bool = False,
+    **accelerator_kw: Any,
+) -> dict[str, Any]:
     accelerator, model, opt, loader, sched = _prepared(info, **accelerator_kw)
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -66,8 +72,12 @@ def _train(info: DistInfo, *, capture: bool, graph_safe: bool = True, clip: bool
         lrs.append(float(opt.param_groups[0]["lr"]))
     result = {"losses": losses, "lrs": lrs, "params": harness.params_of(model)}
     if capture:
-        result.update(state=step.state.value, code=step.reason.code.value if step.reason else None,
-                      reason=step.reason.format() if step.reason else None, stats=dict(vars(step.stats)))
+        result.update(
+            state=step.state.value,
+            code=step.reason.code.value if step.reason else None,
+            reason=step.reason.format() if step.reason else None,
+            stats=dict(vars(step.stats)),
+        )
         step.close()
     return result
 

@@ -38,18 +38,34 @@ def _model() -> nn.Module:
 
 def _batches(info: DistInfo) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(100 + info.rank)
-    return [(torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)) for _ in range(CALLS)]
+    return [
+        (torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen))
+        for _ in range(CALLS)
+    ]
 
 
-def _loop(info: DistInfo, where: str, cycle: Callable[[int], int], captured: bool) -> dict[str, Any]:
+def _loop(
+    info: DistInfo, where: str, cycle: Callable[[int], int], captured: bool
+) -> dict[str, Any]:
     ddp = ddpgraph.prepare_ddp(_model())
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW))
-    return accumulation_loop(info, ddp, opt, _batches(info), where, cycle, harness.backend(), captured=captured)
+    opt = torch.optim.AdamW(
+        ddp.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW)
+    )
+    return accumulation_loop(
+        info, ddp, opt, _batches(info), where, cycle, harness.backend(), captured=captured
+    )
 
 
 def accumulation_loop(
-    info: DistInfo, ddp: Any, opt: torch.optim.Optimizer, batches: list[Any], where: str,
-    cycle: Callable[[int], int], backend: Any, *, captured: bool = True,
+    info: DistInfo,
+    ddp: Any,
+    opt: torch.optim.Optimizer,
+    batches: list[Any],
+    where: str,
+    cycle: Callable[[int], int],
+    backend: Any,
+    *,
+    captured: bool = True,
 ) -> dict[str, Any]:
     """Train on `batches`, the step written `where` ("outside", "argument", "flag");
     `cycle(i)` is the M of call i (1: every call synchronises). Captured with `backend`
@@ -78,10 +94,14 @@ def accumulation_loop(
             opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    fn: Callable[..., torch.Tensor] = {"outside": outside, "argument": argument, "flag": flag}[where]
+    fn: Callable[..., torch.Tensor] = {"outside": outside, "argument": argument, "flag": flag}[
+        where
+    ]
     step: Any = fn
     if captured:
-        step = ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=backend, agree_every=EVERY)
+        step = ddpgraph.capture_step(
+            fn, model=ddp, optimizer=opt, backend=backend, agree_every=EVERY
+        )
     elif where != "outside":
         # The optimizer steps inside the step: the eager reference runs it as the
         # captured step's eager calls do (graph-safe mode installed around each call).
@@ -107,8 +127,10 @@ def accumulation_loop(
     if captured:
         reason = step.reason
         out.update(
-            state=step.state.value, code=reason.code.value if reason else None,
-            happened=reason.happened if reason else None, stats=vars(step.stats),
+            state=step.state.value,
+            code=reason.code.value if reason else None,
+            happened=reason.happened if reason else None,
+            stats=vars(step.stats),
         )
         step.close()
     return out
@@ -144,7 +166,11 @@ def after_capture(info: DistInfo) -> dict[str, Any]:
     return _compare(info, "argument", lambda i: 1 if i < 24 else 4)
 
 
-REGISTRY = {f"{where}_M{m}": _scenario(where, m) for where in ("outside", "argument", "flag") for m in (2, 3, 4, 5)}
+REGISTRY = {
+    f"{where}_M{m}": _scenario(where, m)
+    for where in ("outside", "argument", "flag")
+    for m in (2, 3, 4, 5)
+}
 REGISTRY["after_capture"] = after_capture
 
 if __name__ == "__main__":

@@ -48,10 +48,15 @@ SETTINGS: dict[str, dict[str, Any]] = {
 
 def _batches(info: DistInfo, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(7 + info.rank)
-    return [(torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)) for _ in range(n)]
+    return [
+        (torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen))
+        for _ in range(n)
+    ]
 
 
-def _build(kwargs: dict[str, Any], prepare: Callable[[nn.Module], None] | None = None) -> tuple[DDP, torch.optim.Optimizer]:
+def _build(
+    kwargs: dict[str, Any], prepare: Callable[[nn.Module], None] | None = None
+) -> tuple[DDP, torch.optim.Optimizer]:
     net = Net()
     if prepare is not None:
         prepare(net)
@@ -72,8 +77,14 @@ def _train(ddp: DDP, opt: torch.optim.Optimizer, batches: list[Any]) -> list[flo
 
 def _settings(ddp: DDP) -> dict[str, Any]:
     data = ddp._get_ddp_logging_data()
-    keys = ("bucket_cap_bytes", "find_unused_parameters", "gradient_as_bucket_view",
-            "static_graph", "broadcast_buffers", "comm_hook")
+    keys = (
+        "bucket_cap_bytes",
+        "find_unused_parameters",
+        "gradient_as_bucket_view",
+        "static_graph",
+        "broadcast_buffers",
+        "comm_hook",
+    )
     return {
         "logged": {k: data.get(k) for k in keys},
         "attrs": {
@@ -88,9 +99,15 @@ def _settings(ddp: DDP) -> dict[str, Any]:
     }
 
 
-def _compare(info: DistInfo, kwargs: dict[str, Any], *, before: int, after: int = 12,
-             prepare: Callable[[nn.Module], None] | None = None,
-             hook: Callable[[DDP], None] | None = None) -> dict[str, Any]:
+def _compare(
+    info: DistInfo,
+    kwargs: dict[str, Any],
+    *,
+    before: int,
+    after: int = 12,
+    prepare: Callable[[nn.Module], None] | None = None,
+    hook: Callable[[DDP], None] | None = None,
+) -> dict[str, Any]:
     """Train `before` steps, adopt one of the two models, train `after` more."""
     batches = _batches(info, before + after)
     runs = []
@@ -102,19 +119,23 @@ def _compare(info: DistInfo, kwargs: dict[str, Any], *, before: int, after: int 
         settings_before = _settings(ddp)
         reducer_before = id(ddp.reducer)
         refusal = adopt_ddp(ddp, None, method="rebuild") if adopt else None
-        runs.append({
-            "losses": losses + _train(ddp, opt, batches[before:]),
-            "params": harness.params_of(ddp),
-            "refusal": refusal.format() if refusal else None,
-            "same_settings": _settings(ddp) == settings_before,
-            "settings": _settings(ddp),
-            "new_reducer": id(ddp.reducer) != reducer_before,
-            "counter": forward_counter(ddp).count,  # type: ignore[union-attr]
-        })
+        runs.append(
+            {
+                "losses": losses + _train(ddp, opt, batches[before:]),
+                "params": harness.params_of(ddp),
+                "refusal": refusal.format() if refusal else None,
+                "same_settings": _settings(ddp) == settings_before,
+                "settings": _settings(ddp),
+                "new_reducer": id(ddp.reducer) != reducer_before,
+                "counter": forward_counter(ddp).count,  # type: ignore[union-attr]
+            }
+        )
     plain, adopted = runs
     return {
         "param_rel_diff": harness.rel_diff(plain["params"], adopted["params"]),
-        "bitwise": all(torch.equal(a, b) for a, b in zip(plain["params"], adopted["params"], strict=True)),
+        "bitwise": all(
+            torch.equal(a, b) for a, b in zip(plain["params"], adopted["params"], strict=True)
+        ),
         "loss_rel_diff": harness.loss_rel_diff(plain["losses"], adopted["losses"]),
         "refusal": adopted["refusal"],
         "same_settings": adopted["same_settings"],
@@ -134,8 +155,12 @@ def fresh(info: DistInfo) -> dict[str, Any]:
 
 
 def python_comm_hook(info: DistInfo) -> dict[str, Any]:
-    return _compare(info, SETTINGS["default"], before=2,
-                    hook=lambda d: d.register_comm_hook(None, default_hooks.allreduce_hook))
+    return _compare(
+        info,
+        SETTINGS["default"],
+        before=2,
+        hook=lambda d: d.register_comm_hook(None, default_hooks.allreduce_hook),
+    )
 
 
 def ignored_params(info: DistInfo) -> dict[str, Any]:
@@ -202,8 +227,12 @@ def override_switch(info: DistInfo) -> dict[str, Any]:
     state = bool(torch._C._override_stale_capture_stream()) if has else None
     if has:
         torch.autograd.graph.set_override_stale_capture_stream(False)
-    return {"has": has, "refusal": refusal is not None, "switch_on": state,
-            "same_reducer": id(ddp.reducer) == reducer}
+    return {
+        "has": has,
+        "refusal": refusal is not None,
+        "switch_on": state,
+        "same_reducer": id(ddp.reducer) == reducer,
+    }
 
 
 REGISTRY: dict[str, harness.Scenario] = {

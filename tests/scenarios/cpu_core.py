@@ -27,14 +27,19 @@ def _model() -> nn.Module:
 
 def _batches(info: DistInfo, n: int, size: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(100 + info.rank)
-    return [(torch.randn(size, 16, generator=gen), torch.randint(0, 4, (size,), generator=gen)) for _ in range(n)]
+    return [
+        (torch.randn(size, 16, generator=gen), torch.randint(0, 4, (size,), generator=gen))
+        for _ in range(n)
+    ]
 
 
 def _setup(opt_cls: type[torch.optim.Optimizer] = torch.optim.AdamW, prepare=None, **opt_kw: Any):
     ddp = ddpgraph.prepare_ddp(_model())
     if prepare is not None:
         prepare(ddp)
-    opt = opt_cls(ddp.parameters(), lr=opt_kw.pop("lr", 1e-2), **harness.optimizer_kwargs(opt_cls), **opt_kw)
+    opt = opt_cls(
+        ddp.parameters(), lr=opt_kw.pop("lr", 1e-2), **harness.optimizer_kwargs(opt_cls), **opt_kw
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))
     return ddp, opt, sched
 
@@ -53,7 +58,9 @@ def _step_fn(ddp: nn.Module, opt: torch.optim.Optimizer, hook=None):
     return train_step
 
 
-def _eager_reference(info: DistInfo, batches, opt_cls=torch.optim.AdamW, prepare=None, **opt_kw) -> tuple[list[float], list[torch.Tensor]]:
+def _eager_reference(
+    info: DistInfo, batches, opt_cls=torch.optim.AdamW, prepare=None, **opt_kw
+) -> tuple[list[float], list[torch.Tensor]]:
     ddp, opt, sched = _setup(opt_cls, prepare, **opt_kw)
     # The captured run's optimizer is made graph-safe (on CPU: lr in a tensor); so is
     # the reference, so both do the same arithmetic.
@@ -66,10 +73,14 @@ def _eager_reference(info: DistInfo, batches, opt_cls=torch.optim.AdamW, prepare
     return losses, harness.params_of(ddp)
 
 
-def _captured(info, batches, backend, opt_cls=torch.optim.AdamW, hook_factory=None, prepare=None, **kw):
+def _captured(
+    info, batches, backend, opt_cls=torch.optim.AdamW, hook_factory=None, prepare=None, **kw
+):
     ddp, opt, sched = _setup(opt_cls, prepare, **kw.pop("opt_kw", {}))
     hook = hook_factory(info, backend) if hook_factory else None
-    step = ddpgraph.capture_step(_step_fn(ddp, opt, hook), model=ddp, optimizer=opt, backend=backend, **kw)
+    step = ddpgraph.capture_step(
+        _step_fn(ddp, opt, hook), model=ddp, optimizer=opt, backend=backend, **kw
+    )
     losses, states = [], []
     for x, y in batches:
         losses.append(float(step(x, y)))
@@ -125,7 +136,9 @@ def fail_one_rank_raise(info: DistInfo) -> dict[str, Any]:
     batches = _batches(info, 14)
     backend = harness.backend(fail_ranks={info.world_size - 1})
     ddp, opt, _ = _setup()
-    step = ddpgraph.capture_step(_step_fn(ddp, opt), model=ddp, optimizer=opt, backend=backend, on_failure="raise")
+    step = ddpgraph.capture_step(
+        _step_fn(ddp, opt), model=ddp, optimizer=opt, backend=backend, on_failure="raise"
+    )
     before = None
     for i, (x, y) in enumerate(batches):
         if i == 11:
@@ -134,8 +147,12 @@ def fail_one_rank_raise(info: DistInfo) -> dict[str, Any]:
             step(x, y)
         except ddpgraph.DdpGraphError as err:
             after = harness.params_of(ddp)
-            return {"raised_at": i, "code": err.code.value, "ranks": list(err.finding.ranks),
-                    "unchanged": harness.rel_diff(before, after) == 0.0}
+            return {
+                "raised_at": i,
+                "code": err.code.value,
+                "ranks": list(err.finding.ranks),
+                "unchanged": harness.rel_diff(before, after) == 0.0,
+            }
     return {"raised_at": None}
 
 
@@ -158,7 +175,9 @@ def schedule_inside_on_one_rank(info: DistInfo) -> dict[str, Any]:
     holder["opt"] = opt
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        step = ddpgraph.capture_step(_step_fn(ddp, opt, hook), model=ddp, optimizer=opt, backend=harness.backend())
+        step = ddpgraph.capture_step(
+            _step_fn(ddp, opt, hook), model=ddp, optimizer=opt, backend=harness.backend()
+        )
         for x, y in batches:
             step(x, y)
             sched.step()
@@ -174,7 +193,9 @@ def refusal_on_one_rank(info: DistInfo) -> dict[str, Any]:
         opt = torch.optim.Adam(ddp.parameters(), lr=0.1)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        step = ddpgraph.capture_step(_step_fn(ddp, opt), model=ddp, optimizer=opt, backend=harness.backend())
+        step = ddpgraph.capture_step(
+            _step_fn(ddp, opt), model=ddp, optimizer=opt, backend=harness.backend()
+        )
     batches = _batches(info, 3)
     for x, y in batches:
         step(x, y)
@@ -195,7 +216,9 @@ def input_change_on_one_rank(info: DistInfo) -> dict[str, Any]:
     return {
         **_summary(step),
         "states": states,
-        "warnings": [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)],
+        "warnings": [
+            str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)
+        ],
         "loss_rel_diff": harness.loss_rel_diff(ref_losses, losses),
         "param_rel_diff": harness.rel_diff(ref_params, params),
     }

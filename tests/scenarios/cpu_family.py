@@ -26,8 +26,12 @@ SIZES = (8, 5, 3)
 def _batches(info: DistInfo, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """11 warm-up batches of 8 rows, then sizes drawn per rank."""
     gen = torch.Generator().manual_seed(300 + info.rank)
-    sizes = [8] * 11 + [SIZES[int(i)] for i in torch.randint(0, len(SIZES), (n - 11,), generator=gen)]
-    return [(torch.randn(s, 16, generator=gen), torch.randint(0, 4, (s,), generator=gen)) for s in sizes]
+    sizes = [8] * 11 + [
+        SIZES[int(i)] for i in torch.randint(0, len(SIZES), (n - 11,), generator=gen)
+    ]
+    return [
+        (torch.randn(s, 16, generator=gen), torch.randint(0, 4, (s,), generator=gen)) for s in sizes
+    ]
 
 
 def _fail_on(rank: int, nth: int) -> GraphBackend:
@@ -49,7 +53,9 @@ def _train(info: DistInfo, backend: GraphBackend, n: int = 40, **kw: Any) -> dic
     batches = _batches(info, n)
     ref_losses, ref_params = _eager_reference(info, batches)
     ddp, opt, sched = _setup()
-    step = ddpgraph.capture_step(_step_fn(ddp, opt), model=ddp, optimizer=opt, backend=backend, **kw)
+    step = ddpgraph.capture_step(
+        _step_fn(ddp, opt), model=ddp, optimizer=opt, backend=backend, **kw
+    )
     losses, states = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -63,7 +69,9 @@ def _train(info: DistInfo, backend: GraphBackend, n: int = 40, **kw: Any) -> dic
         **summary,
         "states": states,
         "sizes": [len(x) for x, _ in batches],
-        "warnings": [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)],
+        "warnings": [
+            str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)
+        ],
         "loss_rel_diff": harness.loss_rel_diff(ref_losses, losses),
         "param_rel_diff": harness.rel_diff(ref_params, harness.params_of(ddp)),
     }

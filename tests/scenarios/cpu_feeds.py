@@ -61,8 +61,17 @@ class Counted(nn.Module):
 def _loader(info: DistInfo) -> tuple[DataLoader[Any], DistributedSampler[Any], int]:
     samples = BATCH * BATCHES_PER_RANK * info.world_size
     data = Indexed(samples)
-    sampler = DistributedSampler(data, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=3)
-    loader = DataLoader(data, batch_size=BATCH, sampler=sampler, num_workers=2, persistent_workers=True, drop_last=True)
+    sampler = DistributedSampler(
+        data, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=3
+    )
+    loader = DataLoader(
+        data,
+        batch_size=BATCH,
+        sampler=sampler,
+        num_workers=2,
+        persistent_workers=True,
+        drop_last=True,
+    )
     return loader, sampler, samples
 
 
@@ -72,7 +81,9 @@ def _train(info: DistInfo, backend: GraphBackend | None) -> dict[str, Any]:
     loader, sampler, samples = _loader(info)
     # Each rank counts its own samples: the buffer is not broadcast from rank 0.
     ddp = ddpgraph.prepare_ddp(Counted(samples), broadcast_buffers=False)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW))
+    opt = torch.optim.AdamW(
+        ddp.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW)
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))
 
     def train_step(idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -47,17 +47,26 @@ def _on(info: DistInfo, batches: list[Batch]) -> list[Batch]:
 
 def _batches(info: DistInfo, n: int = CALLS) -> list[Batch]:
     gen = torch.Generator().manual_seed(100 + info.rank)
-    return [(torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)) for _ in range(n)]
+    return [
+        (torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen))
+        for _ in range(n)
+    ]
 
 
 def _train(
-    info: DistInfo, loss_of: LossOf, *, captured: bool, before_call: Callable[[int, dict[str, Any]], None] | None = None,
+    info: DistInfo,
+    loss_of: LossOf,
+    *,
+    captured: bool,
+    before_call: Callable[[int, dict[str, Any]], None] | None = None,
     **capture: Any,
 ) -> dict[str, Any]:
     """`CALLS` calls of a step whose loss is `loss_of(output, target, state)`, captured
     or eager; `before_call(i, state)` is the loop's own code before call i (1-based)."""
     ddp = ddpgraph.prepare_ddp(_model().to(info.device))
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW))
+    opt = torch.optim.AdamW(
+        ddp.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW)
+    )
     state: dict[str, Any] = {"count": 0}
 
     def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -80,10 +89,17 @@ def _train(
                 before_call(i, state)
             losses.append(float(step(x, y)))
             states.append(step.state.value if captured else "eager")
-    out: dict[str, Any] = {"losses": losses, "params": harness.params_of(ddp), "count": state["count"], "states": states}
+    out: dict[str, Any] = {
+        "losses": losses,
+        "params": harness.params_of(ddp),
+        "count": state["count"],
+        "states": states,
+    }
     if captured:
         out.update(_summary(step))
-        out["warnings"] = [str(w.message) for w in caught if "FROZEN_PYTHON_VALUE" in str(w.message)]
+        out["warnings"] = [
+            str(w.message) for w in caught if "FROZEN_PYTHON_VALUE" in str(w.message)
+        ]
         step.close()
     return out
 
@@ -103,7 +119,9 @@ def _summary(step: Any) -> dict[str, Any]:
     }
 
 
-def _against_eager(info: DistInfo, loss_of: LossOf, before_call: Any = None, **capture: Any) -> dict[str, Any]:
+def _against_eager(
+    info: DistInfo, loss_of: LossOf, before_call: Any = None, **capture: Any
+) -> dict[str, Any]:
     ref = _train(info, loss_of, captured=False, before_call=before_call)
     run = _train(info, loss_of, captured=True, before_call=before_call, **capture)
     run["loss_rel_diff"] = harness.loss_rel_diff(ref["losses"], run["losses"])
@@ -194,15 +212,23 @@ def counter_after_capture(info: DistInfo) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ steps that must stay captured
 def _clean(
-    info: DistInfo, make_model: Callable[[], nn.Module], data: list[Any], step_of: Callable[..., Any], *,
-    opt_cls: Any = torch.optim.AdamW, opt_kw: dict[str, Any] | None = None, reference: bool = False,
+    info: DistInfo,
+    make_model: Callable[[], nn.Module],
+    data: list[Any],
+    step_of: Callable[..., Any],
+    *,
+    opt_cls: Any = torch.optim.AdamW,
+    opt_kw: dict[str, Any] | None = None,
+    reference: bool = False,
 ) -> dict[str, Any]:
     """Train on `data` with a scheduler, captured with a check every 4 calls (and, with
     `reference`, eagerly too, to compare)."""
 
     def train(captured: bool) -> tuple[dict[str, Any], list[torch.Tensor]]:
         ddp = ddpgraph.prepare_ddp(make_model().to(info.device))
-        opt = opt_cls(ddp.parameters(), lr=1e-3, **harness.optimizer_kwargs(opt_cls), **(opt_kw or {}))
+        opt = opt_cls(
+            ddp.parameters(), lr=1e-3, **harness.optimizer_kwargs(opt_cls), **(opt_kw or {})
+        )
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.05 * s))
         made = step_of(ddp, opt)
         fn, options = (made, {}) if callable(made) else made
@@ -215,12 +241,16 @@ def _clean(
             return {}, harness.params_of(ddp)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=_graph_backend(), verify_every=4, **options) as step:
+            with ddpgraph.capture_step(
+                fn, model=ddp, optimizer=opt, backend=_graph_backend(), verify_every=4, **options
+            ) as step:
                 for batch in data:
                     step(*batch)
                     sched.step()
                 out = _summary(step)
-        out["warnings"] = [str(w.message) for w in caught if "FROZEN_PYTHON_VALUE" in str(w.message)]
+        out["warnings"] = [
+            str(w.message) for w in caught if "FROZEN_PYTHON_VALUE" in str(w.message)
+        ]
         return out, harness.params_of(ddp)
 
     out, params = train(True)
@@ -229,7 +259,9 @@ def _clean(
     return out
 
 
-def _plain_step(ddp: nn.Module, opt: torch.optim.Optimizer, *, clip: bool = True, autocast: bool = False) -> Callable[..., torch.Tensor]:
+def _plain_step(
+    ddp: nn.Module, opt: torch.optim.Optimizer, *, clip: bool = True, autocast: bool = False
+) -> Callable[..., torch.Tensor]:
     calls = {"n": 0}  # Python state of the step's own, never passed to torch
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -260,7 +292,9 @@ def clean_demo_gpt(info: DistInfo) -> dict[str, Any]:
     from ddpgraph.app.models import GPTConfig, TinyGPT
 
     return _clean(
-        info, lambda: _seeded(TinyGPT, GPTConfig(vocab=128, block=16, layers=2, dim=32, heads=2)), _tokens(info, 128),
+        info,
+        lambda: _seeded(TinyGPT, GPTConfig(vocab=128, block=16, layers=2, dim=32, heads=2)),
+        _tokens(info, 128),
         lambda d, o: _plain_step(d, o, autocast=True),
     )
 
@@ -281,45 +315,83 @@ class _Logits(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         # With a mask, transformers looks for packed sequences in no host read.
-        return self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+        return self.model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False
+        ).logits
 
 
 def clean_hf_gpt2(info: DistInfo) -> dict[str, Any]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=32, attn_implementation="eager")
-    return _clean(info, lambda: _Logits(_seeded(GPT2LMHeadModel, config)), _tokens(info, 128), _plain_step)
+    config = GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=32, attn_implementation="eager"
+    )
+    return _clean(
+        info, lambda: _Logits(_seeded(GPT2LMHeadModel, config)), _tokens(info, 128), _plain_step
+    )
 
 
 def clean_hf_llama(info: DistInfo) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=128, max_position_embeddings=32, attn_implementation="eager",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=32,
+        attn_implementation="eager",
     )
-    return _clean(info, lambda: _Logits(_seeded(LlamaForCausalLM, config)), _tokens(info, 128), lambda d, o: _plain_step(d, o, autocast=True))
+    return _clean(
+        info,
+        lambda: _Logits(_seeded(LlamaForCausalLM, config)),
+        _tokens(info, 128),
+        lambda d, o: _plain_step(d, o, autocast=True),
+    )
 
 
 def _cnn() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.1),
-        nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Dropout(0.1),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
     )
 
 
 def _images(info: DistInfo, n: int = 20) -> list[Batch]:
     gen = torch.Generator().manual_seed(3 + info.rank)
-    return _on(info, [(torch.randn(4, 3, 12, 12, generator=gen), torch.randint(0, 4, (4,), generator=gen)) for _ in range(n)])
+    return _on(
+        info,
+        [
+            (torch.randn(4, 3, 12, 12, generator=gen), torch.randint(0, 4, (4,), generator=gen))
+            for _ in range(n)
+        ],
+    )
 
 
 def clean_cnn_sgd(info: DistInfo) -> dict[str, Any]:
     def make(ddp: nn.Module, opt: torch.optim.Optimizer) -> Callable[..., torch.Tensor]:
         return _plain_step(ddp, opt)
 
-    return _clean(info, _cnn, _images(info), make, opt_cls=torch.optim.SGD, opt_kw={"momentum": 0.9}, reference=True)
+    return _clean(
+        info,
+        _cnn,
+        _images(info),
+        make,
+        opt_cls=torch.optim.SGD,
+        opt_kw={"momentum": 0.9},
+        reference=True,
+    )
 
 
 def clean_accumulate_scaler(info: DistInfo) -> dict[str, Any]:
@@ -327,14 +399,23 @@ def clean_accumulate_scaler(info: DistInfo) -> dict[str, Any]:
     DataLoader with worker processes."""
     scaler = GraphSafeGradScaler(init_scale=2.0**8, growth_interval=2)
     loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(*[torch.cat(t) for t in zip(*_batches(info, 20), strict=True)]),
-        batch_size=8, num_workers=2, pin_memory=True, drop_last=True,
+        torch.utils.data.TensorDataset(
+            *[torch.cat(t) for t in zip(*_batches(info, 20), strict=True)]
+        ),
+        batch_size=8,
+        num_workers=2,
+        pin_memory=True,
+        drop_last=True,
     )
 
-    def make(ddp: nn.Module, opt: torch.optim.Optimizer) -> tuple[Callable[..., torch.Tensor], dict[str, Any]]:
+    def make(
+        ddp: nn.Module, opt: torch.optim.Optimizer
+    ) -> tuple[Callable[..., torch.Tensor], dict[str, Any]]:
         def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
-            loss = accumulate(ddp, (x, y), lambda a, b: F.cross_entropy(ddp(a), b), micro_batches=2, scaler=scaler)
+            loss = accumulate(
+                ddp, (x, y), lambda a, b: F.cross_entropy(ddp(a), b), micro_batches=2, scaler=scaler
+            )
             scaler.step(opt)
             scaler.update()
             return loss.detach()
@@ -347,8 +428,18 @@ def clean_accumulate_scaler(info: DistInfo) -> dict[str, Any]:
 SCENARIOS = {
     f.__name__: f
     for f in (
-        counter, ramp, weight_from_global, flag_after_capture, flag_after_capture_unchecked, flag_on_one_rank,
-        counter_after_capture, clean_demo_gpt, clean_hf_gpt2, clean_hf_llama, clean_cnn_sgd, clean_accumulate_scaler,
+        counter,
+        ramp,
+        weight_from_global,
+        flag_after_capture,
+        flag_after_capture_unchecked,
+        flag_on_one_rank,
+        counter_after_capture,
+        clean_demo_gpt,
+        clean_hf_gpt2,
+        clean_hf_llama,
+        clean_cnn_sgd,
+        clean_accumulate_scaler,
     )
 }
 REGISTRY = SCENARIOS  # the name together.py reads

@@ -58,7 +58,9 @@ class Loop:
 
         return call
 
-    def train(self, call: Callable[..., Any], before: Callable[[int], None] | None = None) -> list[str]:
+    def train(
+        self, call: Callable[..., Any], before: Callable[[int], None] | None = None
+    ) -> list[str]:
         states = []
         for i, (x, y) in enumerate(batches(self.info, STEPS)):
             if before is not None:
@@ -74,10 +76,14 @@ class Loop:
 
 
 def _capture(loop: Loop, **kw: Any) -> ddpgraph.CapturedStep[torch.Tensor]:
-    return ddpgraph.capture_step(loop.fn, model=loop.ddp, optimizer=loop.opt, backend=ddpgraph.PassThroughBackend(), **kw)
+    return ddpgraph.capture_step(
+        loop.fn, model=loop.ddp, optimizer=loop.opt, backend=ddpgraph.PassThroughBackend(), **kw
+    )
 
 
-def _result(step: ddpgraph.CapturedStep[Any], states: list[str], ref: Loop, run: Loop) -> dict[str, Any]:
+def _result(
+    step: ddpgraph.CapturedStep[Any], states: list[str], ref: Loop, run: Loop
+) -> dict[str, Any]:
     reason = step.reason
     return {
         "states": states,

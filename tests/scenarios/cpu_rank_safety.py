@@ -38,7 +38,10 @@ def _model() -> nn.Module:
 
 def _batches(info: DistInfo, n: int, size: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(100 + info.rank)
-    return [(torch.randn(size, 16, generator=gen), torch.randint(0, 4, (size,), generator=gen)) for _ in range(n)]
+    return [
+        (torch.randn(size, 16, generator=gen), torch.randint(0, 4, (size,), generator=gen))
+        for _ in range(n)
+    ]
 
 
 class StepFailed(ValueError):
@@ -61,12 +64,18 @@ def _train_fn(
 
 
 def _adamw(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW))
+    return torch.optim.AdamW(
+        model.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW)
+    )
 
 
 def _run(
-    info: DistInfo, batches: list[Any], event: Event | None, captured: bool,
-    inside: Callable[[nn.Module], None] | None = None, **kw: Any,
+    info: DistInfo,
+    batches: list[Any],
+    event: Event | None,
+    captured: bool,
+    inside: Callable[[nn.Module], None] | None = None,
+    **kw: Any,
 ) -> dict[str, Any]:
     """Train DDP on `batches`, calling `event(i, model, opt)` before call i; captured or
     eager (with the same graph-safe optimizer). Stops at a `DdpGraphError`, except one
@@ -77,7 +86,9 @@ def _run(
     fn = _train_fn(ddp, opt, inside)
     step: Any = fn
     if captured:
-        step = ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=harness.backend(), agree_every=EVERY, **kw)
+        step = ddpgraph.capture_step(
+            fn, model=ddp, optimizer=opt, backend=harness.backend(), agree_every=EVERY, **kw
+        )
     else:
         ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
     losses: list[float] = []
@@ -93,16 +104,34 @@ def _run(
             try:
                 losses.append(float(step(x, y)))
             except (ddpgraph.DdpGraphError, StepFailed) as err:
-                if isinstance(err, ddpgraph.DdpGraphError) and err.code is not ddpgraph.Code.RANK_STOPPED:
-                    raised = {"raised_at": i, "raised_code": err.code.value, "raised_ranks": list(err.finding.ranks)}
+                if (
+                    isinstance(err, ddpgraph.DdpGraphError)
+                    and err.code is not ddpgraph.Code.RANK_STOPPED
+                ):
+                    raised = {
+                        "raised_at": i,
+                        "raised_code": err.code.value,
+                        "raised_ranks": list(err.finding.ranks),
+                    }
                     break
                 retried.append({"at": i, "own": isinstance(err, StepFailed), "text": str(err)})
                 losses.append(float(step(x, y)))
             states.append(step.state.value if captured else "eager")
             codes.append(step.reason.code.value if captured and step.reason else None)
-    out: dict[str, Any] = {"losses": losses, "states": states, "codes": codes, "params": harness.params_of(ddp), "retried": retried, **raised}
+    out: dict[str, Any] = {
+        "losses": losses,
+        "states": states,
+        "codes": codes,
+        "params": harness.params_of(ddp),
+        "retried": retried,
+        **raised,
+    }
     if captured:
-        out.update(state=step.state.value, stats=vars(step.stats), code=step.reason.code.value if step.reason else None)
+        out.update(
+            state=step.state.value,
+            stats=vars(step.stats),
+            code=step.reason.code.value if step.reason else None,
+        )
         step.close()
     return out
 
@@ -120,7 +149,9 @@ def _compare(info: DistInfo, batches: list[Any], event: Event | None, **kw: Any)
     }
 
 
-def _on_last(info: DistInfo, at: int, action: Callable[[nn.Module, torch.optim.Optimizer], None]) -> Event:
+def _on_last(
+    info: DistInfo, at: int, action: Callable[[nn.Module, torch.optim.Optimizer], None]
+) -> Event:
     def event(i: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         if i == at and info.rank == info.world_size - 1:
             action(model, opt)
@@ -145,7 +176,11 @@ def plain_module_on_one_rank(info: DistInfo) -> dict[str, Any]:
         losses = [float(step(x, y)) for x, y in _batches(info, 12)]
         results.append((losses, getattr(step, "state", None)))
     (losses, state), (ref, _) = results
-    return {"built": True, "state": state.value, "loss_rel_diff": harness.loss_rel_diff(ref, losses)}
+    return {
+        "built": True,
+        "state": state.value,
+        "loss_rel_diff": harness.loss_rel_diff(ref, losses),
+    }
 
 
 def optimizer_load_on_one_rank(info: DistInfo) -> dict[str, Any]:
@@ -176,9 +211,20 @@ def usage_error_on_one_rank(info: DistInfo) -> dict[str, Any]:
     opt = _adamw(ddp)
     warmup = 5 if info.rank == info.world_size - 1 else None
     try:
-        ddpgraph.capture_step(_train_fn(ddp, opt), model=ddp, optimizer=opt, backend=harness.backend(), warmup_steps=warmup)
+        ddpgraph.capture_step(
+            _train_fn(ddp, opt),
+            model=ddp,
+            optimizer=opt,
+            backend=harness.backend(),
+            warmup_steps=warmup,
+        )
     except ddpgraph.DdpGraphUsageError as err:
-        return {"raised": True, "code": err.code.value, "ranks": list(err.finding.ranks), "lr_is_float": isinstance(opt.param_groups[0]["lr"], float)}
+        return {
+            "raised": True,
+            "code": err.code.value,
+            "ranks": list(err.finding.ranks),
+            "lr_is_float": isinstance(opt.param_groups[0]["lr"], float),
+        }
     return {"raised": False}
 
 
@@ -189,7 +235,9 @@ def warmup_differs_by_rank(info: DistInfo) -> dict[str, Any]:
 
 def hyperparameter_raise_on_one_rank(info: DistInfo) -> dict[str, Any]:
     """`on_failure="raise"`; after capture the last rank changes a Python hyper-parameter."""
-    return _compare(info, _batches(info, 40), _on_last(info, 14, _set_weight_decay), on_failure="raise")
+    return _compare(
+        info, _batches(info, 40), _on_last(info, 14, _set_weight_decay), on_failure="raise"
+    )
 
 
 def hyperparameter_eager_on_one_rank(info: DistInfo) -> dict[str, Any]:
@@ -212,9 +260,16 @@ def non_optimizer_on_one_rank(info: DistInfo) -> dict[str, Any]:
     opt = _adamw(ddp)
     given: list[Any] = [opt, "adamw"] if info.rank == info.world_size - 1 else [opt]
     try:
-        ddpgraph.capture_step(_train_fn(ddp, opt), model=ddp, optimizer=given, backend=harness.backend())
+        ddpgraph.capture_step(
+            _train_fn(ddp, opt), model=ddp, optimizer=given, backend=harness.backend()
+        )
     except ddpgraph.DdpGraphUsageError as err:
-        return {"raised": True, "code": err.code.value, "ranks": list(err.finding.ranks), "text": str(err)}
+        return {
+            "raised": True,
+            "code": err.code.value,
+            "ranks": list(err.finding.ranks),
+            "text": str(err),
+        }
     return {"raised": False}
 
 
@@ -223,13 +278,20 @@ def unsupported_argument_on_one_rank(info: DistInfo) -> dict[str, Any]:
     ddp = ddpgraph.prepare_ddp(_model())
     opt = _adamw(ddp)
     fn = _train_fn(ddp, opt)
-    step = ddpgraph.capture_step(lambda x, y, meta=None: fn(x, y), model=ddp, optimizer=opt, backend=harness.backend())
+    step = ddpgraph.capture_step(
+        lambda x, y, meta=None: fn(x, y), model=ddp, optimizer=opt, backend=harness.backend()
+    )
     x, y = _batches(info, 1)[0]
     meta = object() if info.rank == info.world_size - 1 else None
     try:
         step(x, y, meta=meta)
     except ddpgraph.DdpGraphUsageError as err:
-        return {"raised": True, "code": err.code.value, "ranks": list(err.finding.ranks), "calls": step.stats.calls}
+        return {
+            "raised": True,
+            "code": err.code.value,
+            "ranks": list(err.finding.ranks),
+            "calls": step.stats.calls,
+        }
     finally:
         step.close()
     return {"raised": False}
@@ -255,7 +317,10 @@ def step_raises_in_capture_on_one_rank(info: DistInfo) -> dict[str, Any]:
         calls["n"] = i
 
     return _compare(
-        info, _batches(info, 20), counting, inside=_raise_once_on_last(info, lambda: calls["n"] == 11)
+        info,
+        _batches(info, 20),
+        counting,
+        inside=_raise_once_on_last(info, lambda: calls["n"] == 11),
     )
 
 
@@ -270,7 +335,9 @@ def _stopping(info: DistInfo, stop: Callable[[int], str | None]) -> dict[str, An
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=STOP_TIMEOUT_S))
     ddp = ddpgraph.prepare_ddp(_model(), process_group=group)
     opt = _adamw(ddp)
-    step = ddpgraph.capture_step(_train_fn(ddp, opt), model=ddp, optimizer=opt, backend=harness.backend(), agree_every=EVERY)
+    step = ddpgraph.capture_step(
+        _train_fn(ddp, opt), model=ddp, optimizer=opt, backend=harness.backend(), agree_every=EVERY
+    )
     out: dict[str, Any] = {"raised": None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -31,7 +31,9 @@ Schedule = Callable[[torch.optim.Optimizer], Any]
 
 
 def _one_cycle(opt: torch.optim.Optimizer) -> Any:
-    return lrs.OneCycleLR(opt, max_lr=0.05, total_steps=STEPS + 5)  # cycle_momentum=True, its default
+    return lrs.OneCycleLR(
+        opt, max_lr=0.05, total_steps=STEPS + 5
+    )  # cycle_momentum=True, its default
 
 
 def _cyclic(opt: torch.optim.Optimizer) -> Any:
@@ -68,7 +70,13 @@ class Loop:
     """A DDP model, its optimizer and schedule, and the loop that trains them."""
 
     def __init__(
-        self, info: DistInfo, make_opt: Callable[..., torch.optim.Optimizer], schedule: Schedule, *, gpt: bool, micro: int,
+        self,
+        info: DistInfo,
+        make_opt: Callable[..., torch.optim.Optimizer],
+        schedule: Schedule,
+        *,
+        gpt: bool,
+        micro: int,
         before: Callable[[int, torch.optim.Optimizer], None] | None,
     ) -> None:
         self.info, self.gpt, self.micro, self.before = info, gpt, micro, before
@@ -120,8 +128,16 @@ def _gpt(info: DistInfo) -> torch.nn.Module:
 
     torch.manual_seed(0)
     cfg = GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16, bos_token_id=0, eos_token_id=0,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=64,
+        n_positions=16,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     return GPT2LMHeadModel(cfg).to(info.device)
 
@@ -137,13 +153,21 @@ def _loader(info: DistInfo, *, gpt: bool) -> Any:
 
 
 def _compare(
-    info: DistInfo, make_opt: Callable[..., torch.optim.Optimizer], schedule: Schedule, *, gpt: bool = False, micro: int = 1,
-    before: Callable[[int, torch.optim.Optimizer], None] | None = None, **capture_kw: Any,
+    info: DistInfo,
+    make_opt: Callable[..., torch.optim.Optimizer],
+    schedule: Schedule,
+    *,
+    gpt: bool = False,
+    micro: int = 1,
+    before: Callable[[int, torch.optim.Optimizer], None] | None = None,
+    **capture_kw: Any,
 ) -> dict[str, Any]:
     ref = Loop(info, make_opt, schedule, gpt=gpt, micro=micro, before=before)
     _, ref_losses = ref.train(harness.with_same_settings(ref.opt, ref.fn, info.device))
     run = Loop(info, make_opt, schedule, gpt=gpt, micro=micro, before=before)
-    with ddpgraph.capture_step(run.fn, model=run.ddp, optimizer=run.opt, backend=harness.backend(), **capture_kw) as step:
+    with ddpgraph.capture_step(
+        run.fn, model=run.ddp, optimizer=run.opt, backend=harness.backend(), **capture_kw
+    ) as step:
         states, losses = run.train(step)
         reason = step.reason
         stats = step.stats
@@ -179,19 +203,29 @@ def _adamw(params: Any) -> torch.optim.Optimizer:
 
 REGISTRY: dict[str, Callable[[DistInfo], dict[str, Any]]] = {
     "adamw_one_cycle": lambda info: _compare(info, _adamw, _one_cycle),
-    "adam_cyclic": lambda info: _compare(info, lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True), _cyclic),
-    "sgd_nesterov_cyclic_accumulated": lambda info: _compare(
-        info, lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, nesterov=True, weight_decay=1e-4), _cyclic, micro=2
+    "adam_cyclic": lambda info: _compare(
+        info, lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True), _cyclic
     ),
-    "sgd_chained": lambda info: _compare(info, lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, dampening=0.1), _chained),
+    "sgd_nesterov_cyclic_accumulated": lambda info: _compare(
+        info,
+        lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, nesterov=True, weight_decay=1e-4),
+        _cyclic,
+        micro=2,
+    ),
+    "sgd_chained": lambda info: _compare(
+        info, lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, dampening=0.1), _chained
+    ),
     "adamw_sequential": lambda info: _compare(info, _adamw, _sequential),
     "adamw_plateau": lambda info: _compare(info, _adamw, _plateau),
     "gpt2_hf_cosine": lambda info: _compare(info, _adamw, _hf_cosine, gpt=True),
     "gpt2_hf_linear": lambda info: _compare(info, _adamw, _hf_linear, gpt=True),
     # Agreed every 4 calls: the ranks capture again together at call 16 (0-based 15).
     "sgd_momentum_set_after_capture": lambda info: _compare(
-        info, lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9), lambda o: lrs.LambdaLR(o, lambda s: 1 / (1 + 0.1 * s)),
-        before=_momentum_at_14, agree_every=4,
+        info,
+        lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9),
+        lambda o: lrs.LambdaLR(o, lambda s: 1 / (1 + 0.1 * s)),
+        before=_momentum_at_14,
+        agree_every=4,
     ),
 }
 

@@ -37,13 +37,18 @@ def _model() -> nn.Module:
 
 def _batches(info: DistInfo, n: int, size: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(100 + info.rank)
-    return [(torch.randn(size, 16, generator=gen), torch.randint(0, 4, (size,), generator=gen)) for _ in range(n)]
+    return [
+        (torch.randn(size, 16, generator=gen), torch.randint(0, 4, (size,), generator=gen))
+        for _ in range(n)
+    ]
 
 
 class _Setup:
     def __init__(self, graph_safe: bool = False) -> None:
         self.ddp = ddpgraph.prepare_ddp(_model())
-        self.opt = torch.optim.AdamW(self.ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2)
+        self.opt = torch.optim.AdamW(
+            self.ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2
+        )
         if graph_safe:
             ddpgraph.graph_safe_optimizer(self.opt, tensor_lr_on_cpu=True)
 
@@ -58,7 +63,9 @@ class _Setup:
         return [float(call(x, y)) for x, y in batches]
 
 
-def _reference(batches: list[tuple[torch.Tensor, torch.Tensor]], graph_safe: bool) -> tuple[list[float], list[torch.Tensor]]:
+def _reference(
+    batches: list[tuple[torch.Tensor, torch.Tensor]], graph_safe: bool
+) -> tuple[list[float], list[torch.Tensor]]:
     ref = _Setup(graph_safe)
     losses = ref.train(ref.step, batches)
     return losses, harness.params_of(ref.ddp)
@@ -116,11 +123,17 @@ def auto_agreement(info: DistInfo) -> dict[str, Any]:
                     p.add_(1e-3)
 
     def eager(ms: float, after: Any = None) -> Scripted:
-        return Scripted(EagerStep(run.step, model=run.ddp, options=CaptureOptions()), clock, ms, after)
+        return Scripted(
+            EagerStep(run.step, model=run.ddp, options=CaptureOptions()), clock, ms, after
+        )
 
     def whole(fail: set[int], ms: float) -> Scripted:
         backend = harness.backend(fail_ranks=fail)
-        return Scripted(ddpgraph.capture_step(run.step, model=run.ddp, optimizer=run.opt, backend=backend), clock, ms)
+        return Scripted(
+            ddpgraph.capture_step(run.step, model=run.ddp, optimizer=run.opt, backend=backend),
+            clock,
+            ms,
+        )
 
     candidates = [
         Candidate("eager", lambda: eager(10.0)),
@@ -130,7 +143,14 @@ def auto_agreement(info: DistInfo) -> dict[str, Any]:
     ]
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        step = AutoStep(run.step, model=run.ddp, optimizers=[run.opt], candidates=candidates, settings=FAST, clock=clock)
+        step = AutoStep(
+            run.step,
+            model=run.ddp,
+            optimizers=[run.opt],
+            candidates=candidates,
+            settings=FAST,
+            clock=clock,
+        )
         losses = run.train(step, batches)
     report = step.reason
     assert report is not None
@@ -153,11 +173,21 @@ def auto_budget(info: DistInfo) -> dict[str, Any]:
         return Scripted(EagerStep(run.step, model=run.ddp, options=CaptureOptions()), clock, ms)
 
     def whole() -> Scripted:
-        step = ddpgraph.capture_step(run.step, model=run.ddp, optimizer=run.opt, backend=harness.backend())
+        step = ddpgraph.capture_step(
+            run.step, model=run.ddp, optimizer=run.opt, backend=harness.backend()
+        )
         return Scripted(step, clock, 0.5)
 
     candidates = [Candidate("eager", eager), Candidate("whole", whole)]
-    step = AutoStep(run.step, model=run.ddp, optimizers=[run.opt], candidates=candidates, settings=FAST, clock=clock, budget_s=5.0)
+    step = AutoStep(
+        run.step,
+        model=run.ddp,
+        optimizers=[run.opt],
+        candidates=candidates,
+        settings=FAST,
+        clock=clock,
+        budget_s=5.0,
+    )
     run.train(step, _batches(info, 2))
     report = step.reason
     assert report is not None
@@ -191,7 +221,13 @@ def partial_agreement(info: DistInfo) -> dict[str, Any]:
     result = {
         "state": step.state.value,
         "graphed": report.graphed,
-        "skipped": {s.name: (s.finding.code.value if s.finding else None, list(s.finding.ranks) if s.finding else []) for s in report.skipped},
+        "skipped": {
+            s.name: (
+                s.finding.code.value if s.finding else None,
+                list(s.finding.ranks) if s.finding else [],
+            )
+            for s in report.skipped
+        },
         "loss_rel_diff": harness.loss_rel_diff(ref_losses, losses),
         "param_rel_diff": harness.rel_diff(ref_params, harness.params_of(run.ddp)),
     }
@@ -206,13 +242,19 @@ def eval_between_steps(info: DistInfo) -> dict[str, Any]:
     batches = _batches(info, 16)
     probe_x = _batches(info, 1)[0][0]
 
-    def train(capture: bool, fail: set[int]) -> tuple[list[float], list[torch.Tensor], list[torch.Tensor], dict[str, Any]]:
+    def train(
+        capture: bool, fail: set[int]
+    ) -> tuple[list[float], list[torch.Tensor], list[torch.Tensor], dict[str, Any]]:
         run = _Setup(graph_safe=True)
         summary: dict[str, Any] = {}
         if capture:
-            step: Any = ddpgraph.capture_step(run.step, model=run.ddp, optimizer=run.opt, backend=harness.backend())
+            step: Any = ddpgraph.capture_step(
+                run.step, model=run.ddp, optimizer=run.opt, backend=harness.backend()
+            )
             evaluate: Any = capture_eval(
-                lambda x: run.ddp(x).softmax(-1), model=run.ddp, backend=harness.backend(fail_ranks=fail)
+                lambda x: run.ddp(x).softmax(-1),
+                model=run.ddp,
+                backend=harness.backend(fail_ranks=fail),
             )
         else:
             step = run.step
@@ -232,7 +274,11 @@ def eval_between_steps(info: DistInfo) -> dict[str, Any]:
                 if i % 2 == 1:
                     preds.append(evaluate(probe_x).clone())
         if capture:
-            summary = {"train": step.state.value, "eval": evaluate.state.value, "code": evaluate.reason.code.value if evaluate.reason else None}
+            summary = {
+                "train": step.state.value,
+                "eval": evaluate.state.value,
+                "code": evaluate.reason.code.value if evaluate.reason else None,
+            }
             step.close()
             evaluate.close()
         return losses, preds, list(run.ddp.buffers()), summary

@@ -45,12 +45,22 @@ class Net(nn.Module):
         return self.out(F.gelu(self.fc2(h)))
 
 
-def net(info: DistInfo, *, dim: int = 16, hidden: int = 32, classes: int = 4, dropout: float = 0.0, norm: bool = False) -> Net:
+def net(
+    info: DistInfo,
+    *,
+    dim: int = 16,
+    hidden: int = 32,
+    classes: int = 4,
+    dropout: float = 0.0,
+    norm: bool = False,
+) -> Net:
     torch.manual_seed(0)
     return Net(dim, hidden, classes, dropout, norm).to(info.device)
 
 
-def batches(info: DistInfo, n: int, *, size: int = 8, dim: int = 16, classes: int = 4, seed: int = 100) -> list[Batch]:
+def batches(
+    info: DistInfo, n: int, *, size: int = 8, dim: int = 16, classes: int = 4, seed: int = 100
+) -> list[Batch]:
     gen = torch.Generator().manual_seed(seed + info.rank)
     out = []
     for _ in range(n):
@@ -69,8 +79,18 @@ class Poison:
     infinite before DDP's all-reduce; each call of `value()` is one count.
     """
 
-    def __init__(self, model: nn.Module, info: DistInfo, calls: Iterable[int], ranks: Iterable[int], *, value: float = math.inf):
-        model.register_buffer("poison_calls", torch.zeros((), dtype=torch.int64, device=info.device))
+    def __init__(
+        self,
+        model: nn.Module,
+        info: DistInfo,
+        calls: Iterable[int],
+        ranks: Iterable[int],
+        *,
+        value: float = math.inf,
+    ):
+        model.register_buffer(
+            "poison_calls", torch.zeros((), dtype=torch.int64, device=info.device)
+        )
         self._model = model
         hit = sorted(calls) if info.rank in set(ranks) else [-1]
         self._targets = torch.tensor(hit, dtype=torch.int64, device=info.device)
@@ -96,7 +116,13 @@ class Trajectory:
     states: list[list[torch.Tensor]] = field(default_factory=list)
     values: dict[str, list[float]] = field(default_factory=dict)
 
-    def add(self, loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, **values: float) -> None:
+    def add(
+        self,
+        loss: torch.Tensor,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        **values: float,
+    ) -> None:
         self.losses.append(float(loss))
         self.params.append([_copy(t) for t in [*model.parameters(), *model.buffers()]])
         self.states.append(
@@ -120,7 +146,9 @@ def compare(ref: Trajectory, run: Trajectory) -> dict[str, Any]:
     """Worst relative differences over all steps, and whether the runs are bit-identical."""
     param_diffs = [harness.rel_diff(a, b) for a, b in zip(ref.params, run.params, strict=True)]
     state_diffs = [harness.rel_diff(a, b) for a, b in zip(ref.states, run.states, strict=True)]
-    value_diffs = {k: harness.loss_rel_diff(ref.values[k], run.values.get(k, [])) for k in ref.values}
+    value_diffs = {
+        k: harness.loss_rel_diff(ref.values[k], run.values.get(k, [])) for k in ref.values
+    }
     return {
         "steps": len(run.losses),
         "loss_rel_diff": harness.loss_rel_diff(ref.losses, run.losses),
@@ -151,24 +179,37 @@ def saved(state: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ scaler
-def _scaled_loop(info: DistInfo, make_scaler: Callable[[], Any], *, captured: bool, poison_calls: set[int], micro: int = 1):
+def _scaled_loop(
+    info: DistInfo,
+    make_scaler: Callable[[], Any],
+    *,
+    captured: bool,
+    poison_calls: set[int],
+    micro: int = 1,
+):
     """Train 16 steps with a scaler; one gradient made inf on the last rank at `poison_calls`
     (counted per micro-batch backward)."""
     model = net(info)
     Poison(model, info, poison_calls, [info.world_size - 1]).grad_hook(model.fc1.weight)
     ddp = ddpgraph.prepare_ddp(model)
-    opt = torch.optim.AdamW(ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2)
+    opt = torch.optim.AdamW(
+        ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2
+    )
     scaler = make_scaler()
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        loss = accumulate(ddp, (x, y), lambda a, b: F.cross_entropy(ddp(a), b), micro_batches=micro, scaler=scaler)
+        loss = accumulate(
+            ddp, (x, y), lambda a, b: F.cross_entropy(ddp(a), b), micro_batches=micro, scaler=scaler
+        )
         scaler.step(opt)
         scaler.update()
         return loss
 
     if captured:
-        step = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, scaler=scaler, backend=harness.backend())
+        step = ddpgraph.capture_step(
+            train_step, model=ddp, optimizer=opt, scaler=scaler, backend=harness.backend()
+        )
     else:
         ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
         step = train_step
@@ -185,8 +226,20 @@ def scaler_agreement(info: DistInfo) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, micro, calls in (("plain", 1, {4, 13}), ("no_sync", 2, {8, 26})):
         schedule = {"init_scale": 2.0**8, "growth_interval": 3}
-        ref, _ = _scaled_loop(info, lambda s=schedule: torch.amp.GradScaler("cpu", **s), captured=False, poison_calls=calls, micro=micro)
-        run, step = _scaled_loop(info, lambda s=schedule: GraphSafeGradScaler(**s), captured=True, poison_calls=calls, micro=micro)
+        ref, _ = _scaled_loop(
+            info,
+            lambda s=schedule: torch.amp.GradScaler("cpu", **s),
+            captured=False,
+            poison_calls=calls,
+            micro=micro,
+        )
+        run, step = _scaled_loop(
+            info,
+            lambda s=schedule: GraphSafeGradScaler(**s),
+            captured=True,
+            poison_calls=calls,
+            micro=micro,
+        )
         out[name] = {
             **compare(ref, run),
             **summary(step),
@@ -204,13 +257,19 @@ def accumulation(info: DistInfo) -> dict[str, Any]:
 
     def run(captured: bool) -> tuple[Trajectory, dict[str, Any], int]:
         ddp = ddpgraph.prepare_ddp(net(info))
-        opt = torch.optim.SGD(ddp.parameters(), **harness.optimizer_kwargs(torch.optim.SGD), lr=0.05, momentum=0.9)
+        opt = torch.optim.SGD(
+            ddp.parameters(), **harness.optimizer_kwargs(torch.optim.SGD), lr=0.05, momentum=0.9
+        )
         calls = [0]
 
         def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations at run time
             calls[0] += 1
             tensor = bucket.buffer().div_(info.world_size)
-            return torch.distributed.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0])
+            return (
+                torch.distributed.all_reduce(tensor, async_op=True)
+                .get_future()
+                .then(lambda f: f.value()[0])
+            )
 
         ddp.register_comm_hook(None, hook)
 
@@ -221,7 +280,9 @@ def accumulation(info: DistInfo) -> dict[str, Any]:
             return loss
 
         if captured:
-            step: Any = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, backend=harness.backend())
+            step: Any = ddpgraph.capture_step(
+                train_step, model=ddp, optimizer=opt, backend=harness.backend()
+            )
         else:
             ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
             step = train_step
@@ -242,7 +303,9 @@ def accumulation(info: DistInfo) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ monitor
-def watched_step(ddp: nn.Module, opt: torch.optim.Optimizer, poison: Poison, watch: NonFiniteMonitor) -> Callable[..., torch.Tensor]:
+def watched_step(
+    ddp: nn.Module, opt: torch.optim.Optimizer, poison: Poison, watch: NonFiniteMonitor
+) -> Callable[..., torch.Tensor]:
     """A step whose loss `poison` may make NaN, recorded by `watch` with the gradient norm."""
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -257,7 +320,9 @@ def watched_step(ddp: nn.Module, opt: torch.optim.Optimizer, poison: Poison, wat
     return train_step
 
 
-def run_watched(step: Callable[..., Any], watch: NonFiniteMonitor, data: list[Batch]) -> dict[str, Any]:
+def run_watched(
+    step: Callable[..., Any], watch: NonFiniteMonitor, data: list[Batch]
+) -> dict[str, Any]:
     """Call `step` and `watch.after_step()` until the monitor raises; what it said, and the
     values it reported before."""
     logged: list[dict[str, float]] = []
@@ -266,8 +331,13 @@ def run_watched(step: Callable[..., Any], watch: NonFiniteMonitor, data: list[Ba
         try:
             report = watch.after_step()
         except ddpgraph.DdpGraphError as err:
-            return {"raised_at": i, "error_code": err.code.value, "message": str(err),
-                    "ranks": list(watch.nonfinite_steps[0].nonfinite_ranks), "logged": logged}
+            return {
+                "raised_at": i,
+                "error_code": err.code.value,
+                "message": str(err),
+                "ranks": list(watch.nonfinite_steps[0].nonfinite_ranks),
+                "logged": logged,
+            }
         if report is not None:
             logged.append(report.values)
     return {"raised_at": None, "logged": logged}
@@ -279,9 +349,13 @@ def monitor(info: DistInfo) -> dict[str, Any]:
     model = net(info)
     poison = Poison(model, info, [12], [info.world_size - 1], value=math.nan)
     ddp = ddpgraph.prepare_ddp(model)
-    opt = torch.optim.AdamW(ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2)
+    opt = torch.optim.AdamW(
+        ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2
+    )
     watch = NonFiniteMonitor(action="raise")
-    step = ddpgraph.capture_step(watched_step(ddp, opt, poison, watch), model=ddp, optimizer=opt, backend=harness.backend())
+    step = ddpgraph.capture_step(
+        watched_step(ddp, opt, poison, watch), model=ddp, optimizer=opt, backend=harness.backend()
+    )
     watched = run_watched(step, watch, batches(info, 16))
     return {**summary(step), **watched}
 
@@ -294,7 +368,9 @@ def checkpoint_resume(info: DistInfo) -> dict[str, Any]:
 
     def build(seed: int) -> tuple[Any, Any, Any, Any, Any]:
         ddp = ddpgraph.prepare_ddp(net(info, dropout=0.2, norm=True))
-        opt = torch.optim.AdamW(ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2)
+        opt = torch.optim.AdamW(
+            ddp.parameters(), **harness.optimizer_kwargs(torch.optim.AdamW), lr=1e-2
+        )
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
         scaler = GraphSafeGradScaler(init_scale=2.0**8, growth_interval=2)
 
@@ -307,7 +383,9 @@ def checkpoint_resume(info: DistInfo) -> dict[str, Any]:
             return loss.detach()
 
         torch.manual_seed(seed + info.rank)
-        step = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, scaler=scaler, backend=harness.backend())
+        step = ddpgraph.capture_step(
+            train_step, model=ddp, optimizer=opt, scaler=scaler, backend=harness.backend()
+        )
         return ddp, opt, sched, scaler, step
 
     data = batches(info, 30)
@@ -341,7 +419,9 @@ def eval_between_steps(info: DistInfo) -> dict[str, Any]:
 
     def run(captured: bool, through_ddp: bool) -> tuple[Trajectory, list[float], dict[str, Any]]:
         ddp = ddpgraph.prepare_ddp(net(info, norm=True))
-        opt = torch.optim.SGD(ddp.parameters(), **harness.optimizer_kwargs(torch.optim.SGD), lr=0.05, momentum=0.9)
+        opt = torch.optim.SGD(
+            ddp.parameters(), **harness.optimizer_kwargs(torch.optim.SGD), lr=0.05, momentum=0.9
+        )
 
         def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
@@ -351,7 +431,9 @@ def eval_between_steps(info: DistInfo) -> dict[str, Any]:
             return loss.detach()
 
         if captured:
-            step: Any = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, backend=harness.backend())
+            step: Any = ddpgraph.capture_step(
+                train_step, model=ddp, optimizer=opt, backend=harness.backend()
+            )
         else:
             ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
             step = train_step

@@ -69,7 +69,10 @@ def main() -> None:
 
     train_step = square_loss_step(model, opt)
     step = ddpgraph.capture_step(
-        train_step, model=model, optimizer=opt, backend=ddpgraph.PassThroughBackend(),
+        train_step,
+        model=model,
+        optimizer=opt,
+        backend=ddpgraph.PassThroughBackend(),
         replay_timeout=TIMEOUT_S,
     )
     stopper = info.world_size - 1

@@ -33,12 +33,32 @@ from ddpgraph.bench import family_presets as fp
 from ddpgraph.bench.workloads import resolve_model
 from ddpgraph.ddp.distributed import DistInfo
 
-TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-             "vocab_size": 1100}
-TINY_MIXTRAL = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2,
-                "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 96}
-TINY_GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 96, "resid_pdrop": 0.1, "embd_pdrop": 0.1,
-             "attn_pdrop": 0.1}
+TINY_BERT = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "vocab_size": 1100,
+}
+TINY_MIXTRAL = {
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "vocab_size": 96,
+}
+TINY_GPT2 = {
+    "n_layer": 2,
+    "n_embd": 32,
+    "n_head": 2,
+    "vocab_size": 96,
+    "resid_pdrop": 0.1,
+    "embd_pdrop": 0.1,
+    "attn_pdrop": 0.1,
+}
 CPU_SEQ, CPU_BATCH, GPU_BATCH, STEPS = 16, 4, 2, 14
 
 
@@ -53,7 +73,11 @@ def _workload(name: str, info: DistInfo) -> Workload:
     if name == "moe":
         return fp.hf_moe(CPU_SEQ, **TINY_MIXTRAL) if cpu else resolve_model("hf-moe").workload
     if name == "moe_bf16":
-        return fp.hf_moe(CPU_SEQ, dtype=torch.bfloat16, **TINY_MIXTRAL) if cpu else resolve_model("hf-moe-bf16").workload
+        return (
+            fp.hf_moe(CPU_SEQ, dtype=torch.bfloat16, **TINY_MIXTRAL)
+            if cpu
+            else resolve_model("hf-moe-bf16").workload
+        )
     if name == "moe_eager_experts":
         return fp.hf_moe(CPU_SEQ, experts_implementation="eager", **(TINY_MIXTRAL if cpu else {}))
     if name == "syncbn":
@@ -62,9 +86,15 @@ def _workload(name: str, info: DistInfo) -> Workload:
         # BatchNorm here, converted once DDP is built (`_run`): DDP refuses SyncBatchNorm
         # in a CPU model when it is built.
         images = cnn_workload(image=16, classes=10)
-        return Workload("syncbn", lambda: SmallResNet(10, width=8), images.make_batch, images.loss, "images")
+        return Workload(
+            "syncbn", lambda: SmallResNet(10, width=8), images.make_batch, images.loss, "images"
+        )
     reentrant = name == "ckpt_reentrant"
-    return fp.hf_gpt2_ckpt(CPU_SEQ, reentrant=reentrant, **TINY_GPT2) if cpu else fp.hf_gpt2_ckpt(reentrant=reentrant)
+    return (
+        fp.hf_gpt2_ckpt(CPU_SEQ, reentrant=reentrant, **TINY_GPT2)
+        if cpu
+        else fp.hf_gpt2_ckpt(reentrant=reentrant)
+    )
 
 
 def capture_branch() -> AbstractContextManager[Any]:
@@ -73,31 +103,52 @@ def capture_branch() -> AbstractContextManager[Any]:
     return mock.patch("transformers.masking_utils.is_tracing", return_value=True)
 
 
-def _run(info: DistInfo, workload: Workload, batches: list[Any], *, captured: bool,
-         ddp_kw: dict[str, Any], context: Callable[[Any], AbstractContextManager[Any]],
-         convert: bool = True) -> dict[str, Any]:
+def _run(
+    info: DistInfo,
+    workload: Workload,
+    batches: list[Any],
+    *,
+    captured: bool,
+    ddp_kw: dict[str, Any],
+    context: Callable[[Any], AbstractContextManager[Any]],
+    convert: bool = True,
+) -> dict[str, Any]:
     torch.manual_seed(0)
     ids = {"device_ids": [info.device.index]} if info.device.type == "cuda" else {}
     ddp = ddpgraph.prepare_ddp(workload.build().to(info.device), **ids, **ddp_kw)
     if workload.name == "syncbn" and convert:
-        nn.SyncBatchNorm.convert_sync_batchnorm(ddp.module)  # in place: the same parameters and buffers
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, **harness.optimizer_kwargs(torch.optim.AdamW))
+        nn.SyncBatchNorm.convert_sync_batchnorm(
+            ddp.module
+        )  # in place: the same parameters and buffers
+    opt = torch.optim.AdamW(
+        ddp.parameters(), lr=1e-3, **harness.optimizer_kwargs(torch.optim.AdamW)
+    )
     options = StepOptions(amp_dtype=None if _cpu(info) else torch.bfloat16, clip_norm=1.0)
     fn = make_train_step(ddp, opt, workload.loss, options)
     backend = harness.backend() if _cpu(info) else None
-    step: Any = (ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=backend) if captured
-                 else harness.with_same_settings(opt, fn, info.device))
+    step: Any = (
+        ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=backend)
+        if captured
+        else harness.with_same_settings(opt, fn, info.device)
+    )
     torch.manual_seed(1)  # dropout's numbers, the same in both runs
     with context(backend):
         losses = [float(step(x, y)) for x, y in batches]
     if info.device.type == "cuda":
         torch.cuda.synchronize()
-    out: dict[str, Any] = {"losses": losses, "params": harness.params_of(ddp),
-                           "buffers": [b.detach().clone() for b in ddp.buffers()]}
+    out: dict[str, Any] = {
+        "losses": losses,
+        "params": harness.params_of(ddp),
+        "buffers": [b.detach().clone() for b in ddp.buffers()],
+    }
     if captured:
-        out.update(state=step.state.value, code=step.reason.code.value if step.reason else None,
-                   reason=step.reason.format() if step.reason else None, stats=dict(vars(step.stats)),
-                   collectives=sorted(set(getattr(getattr(backend, "last", None), "collectives", []))))
+        out.update(
+            state=step.state.value,
+            code=step.reason.code.value if step.reason else None,
+            reason=step.reason.format() if step.reason else None,
+            stats=dict(vars(step.stats)),
+            collectives=sorted(set(getattr(getattr(backend, "last", None), "collectives", []))),
+        )
         step.close()
     return out
 
@@ -125,7 +176,9 @@ def compare(info: DistInfo, name: str) -> dict[str, Any]:
         result["control_rel_diff"] = harness.rel_diff(eager["params"], control["params"])
     if name == "syncbn" and _cpu(info):
         # The statistics of every rank are used: BatchNorm of each rank's own differs.
-        plain = _run(info, workload, batches, captured=False, ddp_kw=ddp_kw, context=context, convert=False)
+        plain = _run(
+            info, workload, batches, captured=False, ddp_kw=ddp_kw, context=context, convert=False
+        )
         result["batch_norm_rel_diff"] = harness.rel_diff(plain["params"], graphed["params"])
     return {
         **result,
@@ -138,7 +191,16 @@ def compare(info: DistInfo, name: str) -> dict[str, Any]:
     }
 
 
-NAMES = ["bert", "bert_as_called", "moe", "moe_bf16", "moe_eager_experts", "syncbn", "ckpt", "ckpt_reentrant"]
+NAMES = [
+    "bert",
+    "bert_as_called",
+    "moe",
+    "moe_bf16",
+    "moe_eager_experts",
+    "syncbn",
+    "ckpt",
+    "ckpt_reentrant",
+]
 REGISTRY: dict[str, harness.Scenario] = {n: (lambda info, n=n: compare(info, n)) for n in NAMES}
 
 if __name__ == "__main__":

@@ -52,7 +52,9 @@ def _setup(info: DistInfo, ddp_kwargs: dict[str, Any]):
     return ddp, opt, sched, train_step
 
 
-def _compare(info: DistInfo, before: int = 0, keep_loss: bool = False, **ddp_kwargs: Any) -> dict[str, Any]:
+def _compare(
+    info: DistInfo, before: int = 0, keep_loss: bool = False, **ddp_kwargs: Any
+) -> dict[str, Any]:
     """`before` eager steps on the default stream first, then `capture_step`; with
     `keep_loss` the last of them stays referenced, holding the old accumulators."""
     batches = _batches(info)

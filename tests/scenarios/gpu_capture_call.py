@@ -51,13 +51,19 @@ def _capturing(backend: Any) -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
-def _accumulate(info: DistInfo, where: str, cycle: Callable[[int], int], captured: bool) -> dict[str, Any]:
+def _accumulate(
+    info: DistInfo, where: str, cycle: Callable[[int], int], captured: bool
+) -> dict[str, Any]:
     ddp = _ddp(info)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-    return accumulation_loop(info, ddp, opt, _batches(info, CALLS), where, cycle, _backend(info), captured=captured)
+    return accumulation_loop(
+        info, ddp, opt, _batches(info, CALLS), where, cycle, _backend(info), captured=captured
+    )
 
 
-def _compare_accumulation(info: DistInfo, where: str, cycle: Callable[[int], int]) -> dict[str, Any]:
+def _compare_accumulation(
+    info: DistInfo, where: str, cycle: Callable[[int], int]
+) -> dict[str, Any]:
     got = _accumulate(info, where, cycle, captured=True)
     ref = _accumulate(info, where, cycle, captured=False)
     return {
@@ -97,7 +103,11 @@ def _raise_run(info: DistInfo, error: BaseException, captured: bool) -> dict[str
         opt.step()
         return loss.detach()
 
-    step: Any = ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=backend) if captured else harness.with_same_settings(opt, fn, info.device)
+    step: Any = (
+        ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=backend)
+        if captured
+        else harness.with_same_settings(opt, fn, info.device)
+    )
     losses: list[float] = []
     seen: dict[str, Any] = {}
     with warnings.catch_warnings():
@@ -110,7 +120,12 @@ def _raise_run(info: DistInfo, error: BaseException, captured: bool) -> dict[str
                 if err is not error or before is None:
                     raise
                 untouched = harness.rel_diff(before, harness.params_of(ddp)) == 0.0
-                seen = {"at": i, "type": type(err).__name__, "state": step.state.value, "untouched": untouched}
+                seen = {
+                    "at": i,
+                    "type": type(err).__name__,
+                    "state": step.state.value,
+                    "untouched": untouched,
+                }
                 losses.append(float(step(x, y)))  # the loop retries the call
     out: dict[str, Any] = {"losses": losses, "params": harness.params_of(ddp), "raised": seen}
     if captured:

@@ -51,7 +51,9 @@ def _mlp_batches(info: DistInfo, n: int, size: int = 16) -> list[tuple[torch.Ten
     return out
 
 
-def _simple_step(ddp: nn.Module, opt: torch.optim.Optimizer, extra: Callable[[torch.Tensor], None] | None = None):
+def _simple_step(
+    ddp: nn.Module, opt: torch.optim.Optimizer, extra: Callable[[torch.Tensor], None] | None = None
+):
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(ddp(x), y)
@@ -131,13 +133,17 @@ def gpt_equivalence(info: DistInfo) -> dict[str, Any]:
 
     ref_ddp = DDP(build(), device_ids=[info.device.index])
     ref_opt = torch.optim.AdamW(ref_ddp.parameters(), lr=1e-3, weight_decay=0.1)
-    ref_step = harness.with_same_settings(ref_opt, make_train_step(ref_ddp, ref_opt, workload.loss, options), info.device)
+    ref_step = harness.with_same_settings(
+        ref_opt, make_train_step(ref_ddp, ref_opt, workload.loss, options), info.device
+    )
     ref_losses, ref_moves, ref_params = train(ref_ddp, ref_opt, ref_step)
     del ref_ddp, ref_opt
 
     ddp = ddpgraph.prepare_ddp(build(), device_ids=[info.device.index])
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.1)
-    with ddpgraph.capture_step(make_train_step(ddp, opt, workload.loss, options), model=ddp, optimizer=opt) as step:
+    with ddpgraph.capture_step(
+        make_train_step(ddp, opt, workload.loss, options), model=ddp, optimizer=opt
+    ) as step:
         losses, moves, params = train(ddp, opt, step)
         summary = _summary(step)
     return {
@@ -175,7 +181,9 @@ def optimizers(info: DistInfo) -> dict[str, Any]:
     for name, make in OPTIMIZERS.items():
         try:
             ref_losses, ref_params = _eager_run(info, batches, make, schedule=lambda s: 0.9**s)
-            losses, params, _, summary = _captured_run(info, batches, make, schedule=lambda s: 0.9**s)
+            losses, params, _, summary = _captured_run(
+                info, batches, make, schedule=lambda s: 0.9**s
+            )
             results[name] = {
                 "state": summary["state"],
                 "code": summary["code"],
@@ -187,7 +195,9 @@ def optimizers(info: DistInfo) -> dict[str, Any]:
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        _, _, _, refused = _captured_run(info, batches[:3], lambda p: torch.optim.Adagrad(p, lr=0.1))
+        _, _, _, refused = _captured_run(
+            info, batches[:3], lambda p: torch.optim.Adagrad(p, lr=0.1)
+        )
     results["Adagrad"] = {"state": refused["state"], "code": refused["code"]}
     return {"optimizers": results}
 
@@ -260,7 +270,9 @@ def raise_mode(info: DistInfo) -> dict[str, Any]:
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     step = ddpgraph.capture_step(
         _simple_step(ddp, opt, lambda loss: loss.item()),
-        model=ddp, optimizer=opt, on_failure="raise",
+        model=ddp,
+        optimizer=opt,
+        on_failure="raise",
     )
     for i, (x, y) in enumerate(_mlp_batches(info, 14)):
         try:
@@ -299,7 +311,9 @@ def schedule_inside(info: DistInfo) -> dict[str, Any]:
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        step = ddpgraph.capture_step(_simple_step(ddp, opt, lambda loss: sched.step()), model=ddp, optimizer=opt)
+        step = ddpgraph.capture_step(
+            _simple_step(ddp, opt, lambda loss: sched.step()), model=ddp, optimizer=opt
+        )
         for x, y in _mlp_batches(info, 14):
             step(x, y)
     return _summary(step)
@@ -325,7 +339,9 @@ def fail_one_rank_after_backward(info: DistInfo) -> dict[str, Any]:
     opt = make(ddp.parameters())
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        step = ddpgraph.capture_step(_simple_step(ddp, opt, _fail_during_capture("after_backward")), model=ddp, optimizer=opt)
+        step = ddpgraph.capture_step(
+            _simple_step(ddp, opt, _fail_during_capture("after_backward")), model=ddp, optimizer=opt
+        )
         losses = [float(step(x, y)) for x, y in batches]
     return {
         **_summary(step),
@@ -422,7 +438,9 @@ def input_change(info: DistInfo) -> dict[str, Any]:
     return {
         **summary,
         "states": states,
-        "warnings": [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)],
+        "warnings": [
+            str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)
+        ],
         "loss_rel_diff": harness.loss_rel_diff(ref_losses, losses),
         "param_rel_diff": harness.rel_diff(ref_params, params),
     }
@@ -444,8 +462,12 @@ def checkpoint_roundtrip(info: DistInfo) -> dict[str, Any]:
 
     hooks = {20: save, 25: load}
     make = lambda p: torch.optim.AdamW(p, lr=1e-3)  # noqa: E731
-    ref_losses, ref_params = _eager_run(info, batches, make, schedule=lambda s: 0.95**s, hooks=hooks)
-    losses, params, states, summary = _captured_run(info, batches, make, schedule=lambda s: 0.95**s, hooks=hooks)
+    ref_losses, ref_params = _eager_run(
+        info, batches, make, schedule=lambda s: 0.95**s, hooks=hooks
+    )
+    losses, params, states, summary = _captured_run(
+        info, batches, make, schedule=lambda s: 0.95**s, hooks=hooks
+    )
     return {
         **summary,
         "states": states,
@@ -544,7 +566,10 @@ def stream_usage(info: DistInfo) -> dict[str, Any]:
             warnings.simplefilter("always")
             return [float(fn(x, y)) for x, y in batches]
 
-    runs = {k: train(k) for k in ("plain", "plain_again", "prepared_default_stream", "capture_stream_eager")}
+    runs = {
+        k: train(k)
+        for k in ("plain", "plain_again", "prepared_default_stream", "capture_stream_eager")
+    }
     return {k: harness.loss_rel_diff(runs["plain"], v) for k, v in runs.items()}
 
 

@@ -23,21 +23,27 @@ BUCKETS = (64, 128, 256, 512)
 CFG = GPTConfig(vocab=1000, block=512, layers=2, dim=128, heads=4)
 
 
-def _batches(info: DistInfo, n: int, lengths: list[int] | None = None) -> list[dict[str, torch.Tensor]]:
+def _batches(
+    info: DistInfo, n: int, lengths: list[int] | None = None
+) -> list[dict[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(11 + info.rank)  # each rank its own lengths
     lengths = lengths or [int(v) for v in torch.randint(64, 513, (n,), generator=gen)]
     out = []
     for t in lengths:
         ids = torch.randint(1, CFG.vocab, (4, t), generator=gen)
         batch = ddpgraph.pad_to_bucket({"input_ids": ids, "labels": ids.clone()}, BUCKETS)
-        out.append({"ids": batch["input_ids"].to(info.device), "labels": batch["labels"].to(info.device)})
+        out.append(
+            {"ids": batch["input_ids"].to(info.device), "labels": batch["labels"].to(info.device)}
+        )
     return out
 
 
 def _setup(info: DistInfo) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
     torch.manual_seed(0)
     ddp = ddpgraph.prepare_ddp(TinyGPT(CFG).to(info.device), device_ids=[info.device.index])
-    opt = ddpgraph.graph_safe_optimizer(torch.optim.AdamW(ddp.parameters(), lr=1e-3, capturable=True))
+    opt = ddpgraph.graph_safe_optimizer(
+        torch.optim.AdamW(ddp.parameters(), lr=1e-3, capturable=True)
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.05 * s))
     return ddp, opt, sched
 
@@ -50,7 +56,12 @@ def _step_fn(ddp: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator):
         # Dropout draws from the default generator, the noise from a generator of its own.
         logits = F.dropout(logits.float(), 0.1)
         noise = 1e-3 * torch.randn((), device=ids.device, generator=gen)
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100) + noise
+        loss = (
+            F.cross_entropy(
+                logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
+            )
+            + noise
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
         opt.step()
@@ -59,11 +70,17 @@ def _step_fn(ddp: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator):
     return train_step
 
 
-def _train(info: DistInfo, batches: list[dict[str, torch.Tensor]], captured: bool, **kw: Any) -> dict[str, Any]:
+def _train(
+    info: DistInfo, batches: list[dict[str, torch.Tensor]], captured: bool, **kw: Any
+) -> dict[str, Any]:
     ddp, opt, sched = _setup(info)
     gen = torch.Generator(device=info.device).manual_seed(5)
     fn = _step_fn(ddp, opt, gen)
-    step: Any = ddpgraph.capture_step(fn, model=ddp, optimizer=opt, generators=[gen], **kw) if captured else fn
+    step: Any = (
+        ddpgraph.capture_step(fn, model=ddp, optimizer=opt, generators=[gen], **kw)
+        if captured
+        else fn
+    )
     losses, saved = [], None
     torch.manual_seed(1)
     for i, b in enumerate(batches):
@@ -93,7 +110,8 @@ def varlen_equivalence(info: DistInfo) -> dict[str, Any]:
         "lengths": [int(b["ids"].shape[1]) for b in batches],
         "loss_rel_diff": harness.loss_rel_diff(ref["losses"], got["losses"]),
         "param_rel_diff": harness.rel_diff(ref["params"], got["params"]),
-        "bitwise": ref["losses"] == got["losses"] and harness.rel_diff(ref["params"], got["params"]) == 0.0,
+        "bitwise": ref["losses"] == got["losses"]
+        and harness.rel_diff(ref["params"], got["params"]) == 0.0,
     }
 
 
@@ -101,8 +119,12 @@ def pool_memory(info: DistInfo) -> dict[str, Any]:
     """The family's pool after graphs for every bucket, against a pool holding only the
     graph of the largest bucket."""
     cycle = [64, 128, 256, 512] * 6  # smallest first: the worst order for reuse
-    family = _train(info, _batches(info, 0, [512] * 11 + cycle), captured=True, max_graphs=4, agree_every=1)
-    largest = _train(info, _batches(info, 0, [512] * 14), captured=True, max_graphs=2, agree_every=1)
+    family = _train(
+        info, _batches(info, 0, [512] * 11 + cycle), captured=True, max_graphs=4, agree_every=1
+    )
+    largest = _train(
+        info, _batches(info, 0, [512] * 14), captured=True, max_graphs=2, agree_every=1
+    )
     return {"family": family["stats"], "largest": largest["stats"]}
 
 

@@ -73,11 +73,27 @@ def _data(samples: int, seed: int) -> TensorDataset:
     return TensorDataset(x, x[:, :10].argmax(1))
 
 
-def _loader(info: DistInfo, data: Dataset[Any], how: Loading, **kw: Any) -> tuple[DataLoader[Any], DistributedSampler[Any]]:
-    sampler = DistributedSampler(data, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=1)
-    extra = {"persistent_workers": how.persistent, "prefetch_factor": how.prefetch} if how.workers else {}
-    loader = DataLoader(data, batch_size=BATCH, sampler=sampler, num_workers=how.workers,
-                        pin_memory=how.pin_memory and info.device.type == "cuda", drop_last=True, **extra, **kw)
+def _loader(
+    info: DistInfo, data: Dataset[Any], how: Loading, **kw: Any
+) -> tuple[DataLoader[Any], DistributedSampler[Any]]:
+    sampler = DistributedSampler(
+        data, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=1
+    )
+    extra = (
+        {"persistent_workers": how.persistent, "prefetch_factor": how.prefetch}
+        if how.workers
+        else {}
+    )
+    loader = DataLoader(
+        data,
+        batch_size=BATCH,
+        sampler=sampler,
+        num_workers=how.workers,
+        pin_memory=how.pin_memory and info.device.type == "cuda",
+        drop_last=True,
+        **extra,
+        **kw,
+    )
     return loader, sampler
 
 
@@ -189,7 +205,9 @@ def _opt(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, **fused)
 
 
-def _step_fn(ddp: nn.Module, opt: torch.optim.Optimizer) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def _step_fn(
+    ddp: nn.Module, opt: torch.optim.Optimizer
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """zero_grad, forward in fp32, cross-entropy, backward, optimizer step."""
     return make_train_step(ddp, opt, F.cross_entropy, StepOptions(amp_dtype=None, clip_norm=None))
 
@@ -206,12 +224,20 @@ def _summary(step: Any) -> dict[str, Any]:
     }
 
 
-def _run(info: DistInfo, feed: Feed, strategy: str | None, val: Feed | None = None, graph_safe: bool = True) -> dict[str, Any]:
+def _run(
+    info: DistInfo,
+    feed: Feed,
+    strategy: str | None,
+    val: Feed | None = None,
+    graph_safe: bool = True,
+) -> dict[str, Any]:
     """Train EPOCHS epochs from `feed`: `strategy` None is the eager reference (DDP as
     written, the optimizer graph-safe as `capture_step` runs it unless `graph_safe` is
     False); with `val`, the validation batches' predictions after each epoch."""
     model = _mlp(info)
-    ddp = DDP(model, **_ids(info)) if strategy is None else ddpgraph.prepare_ddp(model, **_ids(info))
+    ddp = (
+        DDP(model, **_ids(info)) if strategy is None else ddpgraph.prepare_ddp(model, **_ids(info))
+    )
     opt = _opt(ddp)
     fn = _step_fn(ddp, opt)
     evaluate: Any = None
@@ -227,7 +253,9 @@ def _run(info: DistInfo, feed: Feed, strategy: str | None, val: Feed | None = No
     else:
         step = make_step(fn, model=ddp, optimizer=opt, strategy=strategy, backend=_backend())  # type: ignore[arg-type]
         if val is not None:
-            evaluate = ddpgraph.capture_eval(lambda x: ddp(x).softmax(-1), model=ddp, training_step=step, backend=_backend())
+            evaluate = ddpgraph.capture_eval(
+                lambda x: ddp(x).softmax(-1), model=ddp, training_step=step, backend=_backend()
+            )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.05 * s))
     losses: list[float] = []
     preds: list[torch.Tensor] = []
@@ -242,7 +270,9 @@ def _run(info: DistInfo, feed: Feed, strategy: str | None, val: Feed | None = No
     out: dict[str, Any] = {"losses": losses, "params": harness.params_of(ddp), "preds": preds}
     if strategy is not None:
         out["summary"] = _summary(step)
-        out["warnings"] = [str(w.message)[:300] for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
+        out["warnings"] = [
+            str(w.message)[:300] for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)
+        ]
         if evaluate is not None:
             out["eval"] = _summary(evaluate)
             evaluate.close()
@@ -263,11 +293,19 @@ def _against(ref: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
         "loss_rel_diff": harness.loss_rel_diff(ref["losses"], got["losses"]),
         "param_rel_diff": harness.rel_diff(ref["params"], got["params"]),
         "pred_rel_diff": harness.rel_diff(ref["preds"], got["preds"]) if got["preds"] else None,
-        "bitwise": ref["losses"] == got["losses"] and harness.rel_diff(ref["params"], got["params"]) == 0.0,
+        "bitwise": ref["losses"] == got["losses"]
+        and harness.rel_diff(ref["params"], got["params"]) == 0.0,
     }
 
 
-def _matrix(info: DistInfo, feed: Feed, *, val: Feed | None = None, compile_runs: int = 0, partial: bool = True) -> dict[str, Any]:
+def _matrix(
+    info: DistInfo,
+    feed: Feed,
+    *,
+    val: Feed | None = None,
+    compile_runs: int = 0,
+    partial: bool = True,
+) -> dict[str, Any]:
     """Every strategy that applies, each from fresh weights, against the eager loop."""
     ref = _run(info, feed, None, val)
     runs: dict[str, Any] = {}
@@ -275,7 +313,9 @@ def _matrix(info: DistInfo, feed: Feed, *, val: Feed | None = None, compile_runs
         runs[f"whole_{i}"] = _against(ref, _run(info, feed, "whole", val))
     on_cuda = info.device.type == "cuda"
     if partial and on_cuda:
-        runs["partial"] = _against(_run(info, feed, None, graph_safe=False), _run(info, feed, "partial"))
+        runs["partial"] = _against(
+            _run(info, feed, None, graph_safe=False), _run(info, feed, "partial")
+        )
     for i in range(compile_runs if on_cuda else 0):
         runs[f"compile_{i}"] = _against(ref, _run(info, feed, "compile"))
         torch._dynamo.reset()
@@ -284,7 +324,12 @@ def _matrix(info: DistInfo, feed: Feed, *, val: Feed | None = None, compile_runs
 
 def _loader_case(how: Loading, compile_runs: int = 0) -> Callable[[DistInfo], dict[str, Any]]:
     def case(info: DistInfo) -> dict[str, Any]:
-        return _matrix(info, loader_feed(info, how), val=loader_feed(info, how, seed=8, batches=VAL_BATCHES), compile_runs=compile_runs)
+        return _matrix(
+            info,
+            loader_feed(info, how),
+            val=loader_feed(info, how, seed=8, batches=VAL_BATCHES),
+            compile_runs=compile_runs,
+        )
 
     return case
 
@@ -299,7 +344,11 @@ def prefetcher(info: DistInfo) -> dict[str, Any]:
 
 def poller(info: DistInfo) -> dict[str, Any]:
     with Poller(info.device) as thread:
-        result = _matrix(info, loader_feed(info, PINNED_4), val=loader_feed(info, PINNED_4, seed=8, batches=VAL_BATCHES))
+        result = _matrix(
+            info,
+            loader_feed(info, PINNED_4),
+            val=loader_feed(info, PINNED_4, seed=8, batches=VAL_BATCHES),
+        )
     return {**result, "polls": thread.polls, "poll_errors": thread.errors}
 
 
@@ -311,7 +360,9 @@ def own_sync_in_capture(info: DistInfo) -> dict[str, Any]:
     backend = _backend()
 
     def recording() -> bool:
-        return backend.capturing if backend is not None else torch.cuda.is_current_stream_capturing()
+        return (
+            backend.capturing if backend is not None else torch.cuda.is_current_stream_capturing()
+        )
 
     model = _mlp(info)
     ddp = ddpgraph.prepare_ddp(model, **_ids(info))
@@ -342,8 +393,12 @@ def own_sync_in_capture(info: DistInfo) -> dict[str, Any]:
     step.close()
     return {
         **summary,
-        "line": reason.location.lineno if reason is not None and reason.location is not None else None,
-        "file": reason.location.filename if reason is not None and reason.location is not None else None,
+        "line": reason.location.lineno
+        if reason is not None and reason.location is not None
+        else None,
+        "file": reason.location.filename
+        if reason is not None and reason.location is not None
+        else None,
         "expected_line": line,
         "expected_file": __file__,
         "loss_rel_diff": harness.loss_rel_diff(ref["losses"], losses),
@@ -364,7 +419,10 @@ class Sequences(Dataset[dict[str, torch.Tensor]]):
     def __init__(self, count: int, group: int) -> None:
         gen = torch.Generator().manual_seed(5)
         typical = (20, 50, 80, 110, 30, 60, 90, 120)
-        self.lengths = [typical[(i // group) % len(typical)] - int(torch.randint(0, 12, (), generator=gen)) for i in range(count)]
+        self.lengths = [
+            typical[(i // group) % len(typical)] - int(torch.randint(0, 12, (), generator=gen))
+            for i in range(count)
+        ]
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -384,8 +442,16 @@ def buckets(info: DistInfo) -> dict[str, Any]:
     """Variable lengths padded to 4 buckets by the loader's workers: a graph per bucket."""
     data = Sequences(8 * 24 * info.world_size, group=8 * info.world_size)
     sampler = DistributedSampler(data, num_replicas=info.world_size, rank=info.rank, shuffle=False)
-    loader = DataLoader(data, batch_size=8, sampler=sampler, num_workers=4, persistent_workers=True, drop_last=True,
-                        pin_memory=info.device.type == "cuda", collate_fn=ddpgraph.bucket_collate(_pad_collate, BUCKETS))
+    loader = DataLoader(
+        data,
+        batch_size=8,
+        sampler=sampler,
+        num_workers=4,
+        persistent_workers=True,
+        drop_last=True,
+        pin_memory=info.device.type == "cuda",
+        collate_fn=ddpgraph.bucket_collate(_pad_collate, BUCKETS),
+    )
 
     def run(captured: bool) -> dict[str, Any]:
         torch.manual_seed(0)
@@ -396,13 +462,17 @@ def buckets(info: DistInfo) -> dict[str, Any]:
         def train_step(ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
             logits = ddp(ids)
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+            loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
+            )
             loss.backward()
             opt.step()
             return loss.detach()
 
         step: Any = (
-            ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, max_graphs=4, backend=_backend())
+            ddpgraph.capture_step(
+                train_step, model=ddp, optimizer=opt, max_graphs=4, backend=_backend()
+            )
             if captured
             else harness.with_same_settings(opt, train_step, info.device)
         )
@@ -414,7 +484,11 @@ def buckets(info: DistInfo) -> dict[str, Any]:
                 for batch in loader:
                     lengths.append(int(batch["input_ids"].shape[1]))
                     losses.append(float(step(batch["input_ids"], batch["labels"])))
-        out: dict[str, Any] = {"losses": losses, "params": harness.params_of(ddp), "lengths": sorted(set(lengths))}
+        out: dict[str, Any] = {
+            "losses": losses,
+            "params": harness.params_of(ddp),
+            "lengths": sorted(set(lengths)),
+        }
         if captured:
             out["summary"] = _summary(step)
             step.close()
@@ -457,12 +531,24 @@ def _stress(count: int) -> Callable[[DistInfo], dict[str, Any]]:
 
 
 REGISTRY: dict[str, Callable[[DistInfo], dict[str, Any]]] = {
-    "loader_pin0_w0": _loader_case(Loading(pin_memory=False, workers=0, persistent=False, prefetch=None)),
-    "loader_pin0_w2": _loader_case(Loading(pin_memory=False, workers=2, persistent=False, prefetch=2)),
-    "loader_pin0_w4": _loader_case(Loading(pin_memory=False, workers=4, persistent=True, prefetch=4)),
-    "loader_pin1_w0": _loader_case(Loading(pin_memory=True, workers=0, persistent=False, prefetch=None)),
-    "loader_pin1_w2": _loader_case(Loading(pin_memory=True, workers=2, persistent=True, prefetch=2)),
-    "loader_pin1_w4": _loader_case(Loading(pin_memory=True, workers=4, persistent=False, prefetch=4), compile_runs=2),
+    "loader_pin0_w0": _loader_case(
+        Loading(pin_memory=False, workers=0, persistent=False, prefetch=None)
+    ),
+    "loader_pin0_w2": _loader_case(
+        Loading(pin_memory=False, workers=2, persistent=False, prefetch=2)
+    ),
+    "loader_pin0_w4": _loader_case(
+        Loading(pin_memory=False, workers=4, persistent=True, prefetch=4)
+    ),
+    "loader_pin1_w0": _loader_case(
+        Loading(pin_memory=True, workers=0, persistent=False, prefetch=None)
+    ),
+    "loader_pin1_w2": _loader_case(
+        Loading(pin_memory=True, workers=2, persistent=True, prefetch=2)
+    ),
+    "loader_pin1_w4": _loader_case(
+        Loading(pin_memory=True, workers=4, persistent=False, prefetch=4), compile_runs=2
+    ),
     "non_blocking": non_blocking,
     "prefetcher": prefetcher,
     "poller": poller,

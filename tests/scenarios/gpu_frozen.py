@@ -33,7 +33,9 @@ class Gained(nn.Module):
         return self.b(torch.tanh(self.a(x)) * self.gain)  # frozen: guarded
 
 
-def _compiled(info: DistInfo, *, counter: bool, change_at: int | None, calls: int = 40, **capture: Any) -> dict[str, Any]:
+def _compiled(
+    info: DistInfo, *, counter: bool, change_at: int | None, calls: int = 40, **capture: Any
+) -> dict[str, Any]:
     ddp = ddpgraph.prepare_ddp(Gained().to(info.device))
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     state = {"n": 0}
@@ -47,7 +49,9 @@ def _compiled(info: DistInfo, *, counter: bool, change_at: int | None, calls: in
         opt.step()
         return loss.detach()
 
-    step = ddpgraph.capture_step(fn, model=ddp, optimizer=opt, compile=True, backend=_graph_backend(), **capture)
+    step = ddpgraph.capture_step(
+        fn, model=ddp, optimizer=opt, compile=True, backend=_graph_backend(), **capture
+    )
     states = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -80,7 +84,11 @@ def compile_counter(info: DistInfo) -> dict[str, Any]:
     return _compiled(info, counter=True, change_at=None, calls=30)
 
 
-REGISTRY = {**SCENARIOS, "compile_guard_after_capture": compile_guard_after_capture, "compile_counter": compile_counter}
+REGISTRY = {
+    **SCENARIOS,
+    "compile_guard_after_capture": compile_guard_after_capture,
+    "compile_counter": compile_counter,
+}
 
 if __name__ == "__main__":
     harness.run(REGISTRY)

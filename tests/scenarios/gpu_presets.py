@@ -53,7 +53,9 @@ def _captured_run(workload: Workload, info: DistInfo, settings: StepSettings) ->
     ddp = ddpgraph.prepare_ddp(workload.build().to(info.device), **_device_ids(info))
     opt = settings.adamw(ddp.parameters(), lr=1e-4)
     before = harness.params_of(ddp)
-    step = ddpgraph.capture_step(make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt)
+    step = ddpgraph.capture_step(
+        make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt
+    )
     losses = []
     used = _batches(workload, info, 4)
     with step:
@@ -75,7 +77,9 @@ def _captured_run(workload: Workload, info: DistInfo, settings: StepSettings) ->
     reference = _eager_params(workload, info, settings, used)
     captured = harness.params_of(ddp)
     result["param_rel_diff"] = harness.rel_diff(reference, captured)
-    result["control_rel_diff"] = harness.rel_diff(reference, _eager_params(workload, info, settings, used))
+    result["control_rel_diff"] = harness.rel_diff(
+        reference, _eager_params(workload, info, settings, used)
+    )
     # transformers cannot read a tensor's values while a graph is recorded, so there it
     # takes the branch that does not need them (an explicit causal mask where, in eager,
     # it reads the position ids, finds no packed sequences and lets SDPA use `is_causal`):
@@ -100,9 +104,13 @@ def _eager_params(
     recorded_from: int | None = None,
 ) -> list[torch.Tensor]:
     torch.manual_seed(0)
-    ddp = torch.nn.parallel.DistributedDataParallel(workload.build().to(info.device), **_device_ids(info))
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        workload.build().to(info.device), **_device_ids(info)
+    )
     opt = settings.adamw(ddp.parameters(), lr=1e-4)
-    step = harness.with_same_settings(opt, make_train_step(ddp, opt, workload.loss, BF16), info.device)
+    step = harness.with_same_settings(
+        opt, make_train_step(ddp, opt, workload.loss, BF16), info.device
+    )
     as_recorded = recorded_from is not None and _has_transformers_masks()
     for i, (x, y) in enumerate(batches):
         if as_recorded and i >= recorded_from:
@@ -159,8 +167,13 @@ def compile_switch(info: DistInfo) -> dict[str, Any]:
         _sync(info)
         summary: dict[str, Any] = {}
         if switch:
-            summary = {"state": step.state.value, "stats": vars(step.stats), "restarts": step.restarts,
-                       "strategy": step.strategy, "reason": step.reason.format() if step.reason else None}
+            summary = {
+                "state": step.state.value,
+                "stats": vars(step.stats),
+                "restarts": step.restarts,
+                "strategy": step.strategy,
+                "reason": step.reason.format() if step.reason else None,
+            }
             step.close()
             summary["compiled_after_close"] = ddp._compiled_call_impl is not None
         return losses, harness.params_of(ddp), summary
@@ -199,15 +212,24 @@ def _parity_run(name: str, info: DistInfo, parity: Any) -> dict[str, Any]:
     handler = _Warnings()
     logging.getLogger("ddpgraph").addHandler(handler)
     try:
-        step = ddpgraph.capture_step(make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt,
-                                     parity=parity)
+        step = ddpgraph.capture_step(
+            make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt, parity=parity
+        )
         with step:
             # Through the warm-up and the capture, to 3 replays or 2 eager steps after it.
-            while step.stats.calls < 30 and step.stats.replays < REPLAYS and step.stats.eager_steps < 2:
+            while (
+                step.stats.calls < 30
+                and step.stats.replays < REPLAYS
+                and step.stats.eager_steps < 2
+            ):
                 step(*_batches(workload, info, 1)[0])
             _sync(info)
-            return {"state": step.state.value, "reason": step.reason.format() if step.reason else None,
-                    "stats": vars(step.stats), "warnings": handler.messages}
+            return {
+                "state": step.state.value,
+                "reason": step.reason.format() if step.reason else None,
+                "stats": vars(step.stats),
+                "warnings": handler.messages,
+            }
     finally:
         logging.getLogger("ddpgraph").removeHandler(handler)
 

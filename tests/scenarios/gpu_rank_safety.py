@@ -47,8 +47,12 @@ def _batches(info: DistInfo, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _train(info: DistInfo, n: int, event: Event | None, captured: bool, **kw: Any) -> dict[str, Any]:
-    ddp = ddpgraph.prepare_ddp(_model(info), **({"device_ids": [info.device.index]} if info.device.type == "cuda" else {}))
+def _train(
+    info: DistInfo, n: int, event: Event | None, captured: bool, **kw: Any
+) -> dict[str, Any]:
+    ddp = ddpgraph.prepare_ddp(
+        _model(info), **({"device_ids": [info.device.index]} if info.device.type == "cuda" else {})
+    )
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 
     def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -118,7 +122,9 @@ def optimizer_load_on_one_rank(info: DistInfo) -> dict[str, Any]:
 def sampled_iteration_at_capture(info: DistInfo) -> dict[str, Any]:
     """Two DDP iterations outside the step, between the probe and the capture call, would
     make the capture record forward 100, which the reducer samples with a host sync."""
-    ddp = ddpgraph.prepare_ddp(_model(info), **({"device_ids": [info.device.index]} if info.device.type == "cuda" else {}))
+    ddp = ddpgraph.prepare_ddp(
+        _model(info), **({"device_ids": [info.device.index]} if info.device.type == "cuda" else {})
+    )
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     counter = forward_counter(ddp)
     assert counter is not None
@@ -146,15 +152,22 @@ def sampled_iteration_at_capture(info: DistInfo) -> dict[str, Any]:
                 F.cross_entropy(ddp(x), y).backward()
         for x, y in data[97:]:
             step(x, y)
-    out = {"state": step.state.value, "recorded": recorded, "capturable": all(map(is_capturable_forward, recorded)),
-           "codes": [f.code.value for f in step.findings], "stats": vars(step.stats)}
+    out = {
+        "state": step.state.value,
+        "recorded": recorded,
+        "capturable": all(map(is_capturable_forward, recorded)),
+        "codes": [f.code.value for f in step.findings],
+        "stats": vars(step.stats),
+    }
     step.close()
     return out
 
 
 def input_written_by_step(info: DistInfo) -> dict[str, Any]:
     """The step counts its calls in an argument, in place."""
-    ddp = ddpgraph.prepare_ddp(_model(info), **({"device_ids": [info.device.index]} if info.device.type == "cuda" else {}))
+    ddp = ddpgraph.prepare_ddp(
+        _model(info), **({"device_ids": [info.device.index]} if info.device.type == "cuda" else {})
+    )
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     count = torch.zeros((), device=info.device)
 
@@ -171,7 +184,11 @@ def input_written_by_step(info: DistInfo) -> dict[str, Any]:
         warnings.simplefilter("always")
         for x, y in _batches(info, 15):
             step(x, y, count)
-    out = {"state": step.state.value, "count": float(count), "codes": [f.code.value for f in step.findings]}
+    out = {
+        "state": step.state.value,
+        "count": float(count),
+        "codes": [f.code.value for f in step.findings],
+    }
     step.close()
     return out
 

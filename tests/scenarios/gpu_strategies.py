@@ -95,7 +95,13 @@ def _strategy_run(
 ) -> tuple[list[float], list[torch.Tensor], Any, DDP]:
     ddp = ddpgraph.prepare_ddp(_build(workload, info), device_ids=[info.device.index])
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01)
-    step = make_step(make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt, strategy=strategy, **kw)  # type: ignore[arg-type]
+    step = make_step(
+        make_train_step(ddp, opt, workload.loss, BF16),
+        model=ddp,
+        optimizer=opt,
+        strategy=strategy,
+        **kw,
+    )  # type: ignore[arg-type]
     # After make_step, as in the reference: a scheduler made before the learning rate
     # became a tensor computes it in float64, after in float32 (one ulp apart), and
     # bf16 training amplifies that.
@@ -116,7 +122,9 @@ def _summary(step: Any) -> dict[str, Any]:
     }
 
 
-def _diffs(ref: tuple[list[float], list[torch.Tensor]], losses: list[float], params: list[torch.Tensor]) -> dict[str, Any]:
+def _diffs(
+    ref: tuple[list[float], list[torch.Tensor]], losses: list[float], params: list[torch.Tensor]
+) -> dict[str, Any]:
     return {
         "loss_rel_diff": harness.loss_rel_diff(ref[0], losses),
         "param_rel_diff": harness.rel_diff(ref[1], params),
@@ -161,7 +169,9 @@ def partial_host_sync(info: DistInfo) -> dict[str, Any]:
         **_diffs(ref, losses, params),
         "graphed": report.graphed,
         "root_code": root.finding.code.value if root and root.finding else None,
-        "root_line": root.finding.location.lineno if root and root.finding and root.finding.location else None,
+        "root_line": root.finding.location.lineno
+        if root and root.finding and root.finding.location
+        else None,
         "expected_line": CHECK_LINE,
         "replays": report.replays,
         "fallbacks": report.fallbacks,
@@ -188,7 +198,11 @@ def graph_submodules_before_ddp(info: DistInfo) -> dict[str, Any]:
     ddp.eval()
     with torch.no_grad():
         ddp(batches[0][0])  # eval mode: the original forward
-    return {**_diffs(ref, losses, harness.params_of(ddp)), "graphed": report.graphed, "replays": report.replays}
+    return {
+        **_diffs(ref, losses, harness.params_of(ddp)),
+        "graphed": report.graphed,
+        "replays": report.replays,
+    }
 
 
 # ------------------------------------------------------------------ compile
@@ -202,7 +216,9 @@ def compile_equivalence(info: DistInfo) -> dict[str, Any]:
     before = compile_count()
     ddp = ddpgraph.prepare_ddp(_build(workload, info), device_ids=[info.device.index])
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01)
-    step = make_step(make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt, strategy="compile")
+    step = make_step(
+        make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt, strategy="compile"
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(len(batches)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -220,7 +236,9 @@ def compile_equivalence(info: DistInfo) -> dict[str, Any]:
         "vs_plain": _diffs(plain, losses, params),
         "first_losses": losses[:3],
         "last_losses": losses[-3:],
-        "warnings": [str(w.message)[:300] for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)],
+        "warnings": [
+            str(w.message)[:300] for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)
+        ],
     }
     step.close()
     return result
@@ -233,7 +251,11 @@ def reduce_overhead(info: DistInfo) -> dict[str, Any]:
     batches = _batches(workload, info, 30, 8)
     plain = _eager_reference(workload, info, batches, graph_safe=False)
     losses, params, step, _ = _strategy_run(workload, info, batches, "reduce-overhead")
-    result = {**_summary(step), **_diffs(plain, losses, params), "description": getattr(step, "description", "")}
+    result = {
+        **_summary(step),
+        **_diffs(plain, losses, params),
+        "description": getattr(step, "description", ""),
+    }
     step.close()
     return result
 
@@ -243,7 +265,12 @@ def eval_between_steps(info: DistInfo) -> dict[str, Any]:
     """A ResNet-style CNN (batch norm, buffers synced by DDP) trained by a captured step,
     evaluated every other step by a captured evaluation in the same memory pool:
     predictions, parameters and batch-norm statistics equal the eager run's."""
-    workload = Workload("cnn", lambda: SmallResNet(classes=10, width=16), cnn_workload(32, 10).make_batch, cnn_workload(32, 10).loss)
+    workload = Workload(
+        "cnn",
+        lambda: SmallResNet(classes=10, width=16),
+        cnn_workload(32, 10).make_batch,
+        cnn_workload(32, 10).loss,
+    )
     options = StepOptions(amp_dtype=None, clip_norm=1.0)
     batches = _batches(workload, info, 24, 16)
     probe = _batches(workload, info, 1, 16, seed=77)[0][0]
@@ -251,14 +278,22 @@ def eval_between_steps(info: DistInfo) -> dict[str, Any]:
     def run(captured: bool) -> dict[str, Any]:
         torch.manual_seed(0)
         model = workload.build().to(info.device)
-        ddp = ddpgraph.prepare_ddp(model, device_ids=[info.device.index]) if captured else DDP(model, device_ids=[info.device.index])
-        opt = ddpgraph.graph_safe_optimizer(torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9))
+        ddp = (
+            ddpgraph.prepare_ddp(model, device_ids=[info.device.index])
+            if captured
+            else DDP(model, device_ids=[info.device.index])
+        )
+        opt = ddpgraph.graph_safe_optimizer(
+            torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        )
         fn = make_train_step(ddp, opt, workload.loss, options)
         out: dict[str, Any] = {"preds": [], "forward_deltas": []}
         if captured:
             pool = torch.cuda.graph_pool_handle()
             step: Any = ddpgraph.capture_step(fn, model=ddp, optimizer=opt, pool=pool)
-            evaluate: Any = capture_eval(lambda x: ddp(x).softmax(-1), model=ddp, training_step=step, pool=pool)
+            evaluate: Any = capture_eval(
+                lambda x: ddp(x).softmax(-1), model=ddp, training_step=step, pool=pool
+            )
         else:
             step = fn
 
@@ -331,7 +366,9 @@ def auto_host_sync(info: DistInfo) -> dict[str, Any]:
     batches = _batches(workload, info, 24, 8)
     logged: list[float] = []
 
-    def make(ddp: nn.Module, opt: torch.optim.Optimizer) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    def make(
+        ddp: nn.Module, opt: torch.optim.Optimizer
+    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         inner = make_train_step(ddp, opt, workload.loss, BF16)
 
         def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -342,7 +379,9 @@ def auto_host_sync(info: DistInfo) -> dict[str, Any]:
         return step
 
     ref_ddp = DDP(_build(workload, info), device_ids=[info.device.index])
-    ref_opt = ddpgraph.graph_safe_optimizer(torch.optim.AdamW(ref_ddp.parameters(), lr=1e-3, weight_decay=0.01))
+    ref_opt = ddpgraph.graph_safe_optimizer(
+        torch.optim.AdamW(ref_ddp.parameters(), lr=1e-3, weight_decay=0.01)
+    )
     ref_losses = _train(make(ref_ddp, ref_opt), batches)
     ref_params = harness.params_of(ref_ddp)
     del ref_ddp, ref_opt
@@ -372,7 +411,9 @@ def _time_strategy(workload: Workload, info: DistInfo, batch: int, strategy: str
     batches = _batches(workload, info, 8, batch, seed=5)
     ddp = ddpgraph.prepare_ddp(_build(workload, info), device_ids=[info.device.index])
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
-    step = make_step(make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt, strategy=strategy)  # type: ignore[arg-type]
+    step = make_step(
+        make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt, strategy=strategy
+    )  # type: ignore[arg-type]
     started = time.perf_counter()
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
@@ -394,25 +435,41 @@ def _time_strategy(workload: Workload, info: DistInfo, batch: int, strategy: str
     if strategy in ("compile", "reduce-overhead"):
         torch._dynamo.reset()  # frees CUDA graph trees; the on-disk compile cache stays
     _free()
-    return {"ms": statistics.median(windows), "spread": max(windows) - min(windows), "setup_s": setup_s, **summary}
+    return {
+        "ms": statistics.median(windows),
+        "spread": max(windows) - min(windows),
+        "setup_s": setup_s,
+        **summary,
+    }
 
 
 def strategy_table(info: DistInfo) -> dict[str, Any]:
     """ms/step of each strategy on the demo GPT (batch 8) and a ResNet-style CNN (batch
     32 at 64x64), with bf16 autocast, clipping and AdamW; a Markdown table to paste."""
-    workloads = [("TinyGPT, batch 8", gpt_workload(GPTConfig()), 8), ("ResNet-style CNN, batch 32", cnn_workload(64, 100), 32)]
+    workloads = [
+        ("TinyGPT, batch 8", gpt_workload(GPTConfig()), 8),
+        ("ResNet-style CNN, batch 32", cnn_workload(64, 100), 32),
+    ]
     rows: dict[str, dict[str, Any]] = {}
     for label, workload, batch in workloads:
         for strategy in TABLE_STRATEGIES:
             try:
-                rows.setdefault(strategy, {})[label] = _time_strategy(workload, info, batch, strategy)
+                rows.setdefault(strategy, {})[label] = _time_strategy(
+                    workload, info, batch, strategy
+                )
             except Exception as exc:  # one strategy failing must not hide the others
-                rows.setdefault(strategy, {})[label] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                rows.setdefault(strategy, {})[label] = {
+                    "error": f"{type(exc).__name__}: {exc}"[:500]
+                }
     # Every rank times; the slowest rank is what training sees.
     gathered: list[Any] = [None] * info.world_size
     torch.distributed.all_gather_object(gathered, rows)
     slowest = {
-        s: {label: max((g[s][label] for g in gathered), key=lambda r: r.get("ms", math.inf)) for label in rows[s]} for s in rows
+        s: {
+            label: max((g[s][label] for g in gathered), key=lambda r: r.get("ms", math.inf))
+            for label in rows[s]
+        }
+        for s in rows
     }
     return {"rows": slowest, "markdown": _markdown(slowest, [w[0] for w in workloads], info)}
 

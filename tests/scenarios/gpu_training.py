@@ -50,7 +50,9 @@ def _wrap(model: nn.Module, info: DistInfo, captured: bool) -> DDP:
     return DDP(model, device_ids=[info.device.index])
 
 
-def _step_or_eager(fn: Callable[..., Any], ddp: DDP, opt: torch.optim.Optimizer, captured: bool, **kw: Any) -> Any:
+def _step_or_eager(
+    fn: Callable[..., Any], ddp: DDP, opt: torch.optim.Optimizer, captured: bool, **kw: Any
+) -> Any:
     """The captured step, or `fn` itself with the optimizer made graph-safe as capture does."""
     if captured:
         return ddpgraph.capture_step(fn, model=ddp, optimizer=opt, **kw)
@@ -73,14 +75,20 @@ def _close(step: Any) -> dict[str, Any]:
 POISONED_STEPS = (5, 14, 15, 23)
 
 
-def _scaled_run(info: DistInfo, *, captured: bool, fused: bool, clip: bool, micro: int) -> tuple[Trajectory, dict[str, Any]]:
+def _scaled_run(
+    info: DistInfo, *, captured: bool, fused: bool, clip: bool, micro: int
+) -> tuple[Trajectory, dict[str, Any]]:
     model = net(info, **SHAPE)
     # On the last rank only, micro-batch 0 of each poisoned step: before DDP's all-reduce.
-    Poison(model, info, [s * micro for s in POISONED_STEPS], [info.world_size - 1]).grad_hook(model.fc1.weight)
+    Poison(model, info, [s * micro for s in POISONED_STEPS], [info.world_size - 1]).grad_hook(
+        model.fc1.weight
+    )
     ddp = _wrap(model, info, captured)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01, fused=fused)
     schedule = {"init_scale": 2.0**14, "growth_interval": 4}
-    scaler: Any = GraphSafeGradScaler(**schedule) if captured else torch.amp.GradScaler("cuda", **schedule)
+    scaler: Any = (
+        GraphSafeGradScaler(**schedule) if captured else torch.amp.GradScaler("cuda", **schedule)
+    )
 
     def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cuda", dtype=torch.float16):
@@ -98,7 +106,9 @@ def _scaled_run(info: DistInfo, *, captured: bool, fused: bool, clip: bool, micr
         scaler.update()
         return loss, norm
 
-    step = _step_or_eager(train_step, ddp, opt, captured, **({"scaler": scaler} if captured else {}))
+    step = _step_or_eager(
+        train_step, ddp, opt, captured, **({"scaler": scaler} if captured else {})
+    )
     trace = Trajectory()
     for x, y in batches(info, STEPS, size=32, dim=SHAPE["dim"], classes=SHAPE["classes"]):
         loss, norm = step(x, y)
@@ -153,7 +163,9 @@ def accumulation(info: DistInfo) -> dict[str, Any]:
         torch.manual_seed(0)
         ddp = _wrap(workload.build().to(info.device), info, captured)
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.1)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / 24)))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / 24))
+        )
 
         def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -161,7 +173,11 @@ def accumulation(info: DistInfo) -> dict[str, Any]:
 
         def train_step(x: Any, y: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
             opt.zero_grad(set_to_none=True)
-            loss = accumulate(ddp, x, loss_fn) if as_list else accumulate(ddp, (x, y), loss_fn, micro_batches=4)
+            loss = (
+                accumulate(ddp, x, loss_fn)
+                if as_list
+                else accumulate(ddp, (x, y), loss_fn, micro_batches=4)
+            )
             norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
             opt.step()
             return loss, norm
@@ -169,7 +185,11 @@ def accumulation(info: DistInfo) -> dict[str, Any]:
         step = _step_or_eager(train_step, ddp, opt, captured)
         trace = Trajectory()
         for x, y in data:
-            args = ([(a, b) for a, b in zip(x.chunk(4), y.chunk(4), strict=True)],) if as_list else (x, y)
+            args = (
+                ([(a, b) for a, b in zip(x.chunk(4), y.chunk(4), strict=True)],)
+                if as_list
+                else (x, y)
+            )
             loss, norm = step(*args)
             trace.add(loss, ddp, opt, norm=float(norm))
             sched.step()
@@ -201,11 +221,17 @@ def monitor(info: DistInfo) -> dict[str, Any]:
     ref = run(False)
     out = run(True)
     losses = [[v["loss"] for v in r["logged"]] for r in (ref, out)]
-    return {**out, "ref_raised_at": ref["raised_at"], "logged_rel_diff": harness.loss_rel_diff(*losses)}
+    return {
+        **out,
+        "ref_raised_at": ref["raised_at"],
+        "logged_rel_diff": harness.loss_rel_diff(*losses),
+    }
 
 
 # ------------------------------------------------------------------ 4. random numbers
-def _random_run(info: DistInfo, *, captured: bool, generator: str, seed: int) -> tuple[Trajectory, list[torch.Tensor], dict[str, Any]]:
+def _random_run(
+    info: DistInfo, *, captured: bool, generator: str, seed: int
+) -> tuple[Trajectory, list[torch.Tensor], dict[str, Any]]:
     """Dropout (default CUDA generator) in the model, and with `generator` "user" or
     "unregistered" also input noise from a `torch.Generator(device=...)`. Each step returns
     a fresh dropout mask and, with a generator, a fresh draw from it."""
@@ -253,10 +279,22 @@ def random_numbers(info: DistInfo) -> dict[str, Any]:
         out[generator] = {
             **compare(ref, first),
             **info_step,
-            "replay_draws_all_differ": all(not torch.equal(a, b) for a, b in itertools.pairwise(replayed)),
-            "draws_equal_eager": all(torch.equal(a, b) for a, b in zip(ref_draws, draws, strict=True)),
-            "first_draw_diff_step": next((i for i, (a, b) in enumerate(zip(ref_draws, draws, strict=True)) if not torch.equal(a, b)), None),
-            "rerun_identical": compare(first, second)["bitwise"] and all(torch.equal(a, b) for a, b in zip(draws, draws2, strict=True)),
+            "replay_draws_all_differ": all(
+                not torch.equal(a, b) for a, b in itertools.pairwise(replayed)
+            ),
+            "draws_equal_eager": all(
+                torch.equal(a, b) for a, b in zip(ref_draws, draws, strict=True)
+            ),
+            "first_draw_diff_step": next(
+                (
+                    i
+                    for i, (a, b) in enumerate(zip(ref_draws, draws, strict=True))
+                    if not torch.equal(a, b)
+                ),
+                None,
+            ),
+            "rerun_identical": compare(first, second)["bitwise"]
+            and all(torch.equal(a, b) for a, b in zip(draws, draws2, strict=True)),
             "keep_fraction": float(torch.stack([d[:512] for d in draws]).mean() / 2.0),
         }
     return out
@@ -284,22 +322,39 @@ def checkpoint(info: DistInfo) -> dict[str, Any]:
             scaler.update()
             return loss.detach()
 
-        step = _step_or_eager(train_step, ddp, opt, captured, **({"scaler": scaler} if captured else {}))
+        step = _step_or_eager(
+            train_step, ddp, opt, captured, **({"scaler": scaler} if captured else {})
+        )
         torch.manual_seed(seed + info.rank)
         return {"ddp": ddp, "opt": opt, "sched": sched, "scaler": scaler, "step": step}
 
     def train(objs: dict[str, Any], part: list[Any]) -> Trajectory:
         trace = Trajectory()
         for x, y in part:
-            trace.add(objs["step"](x, y), objs["ddp"], objs["opt"], scale=objs["scaler"].get_scale())
+            trace.add(
+                objs["step"](x, y), objs["ddp"], objs["opt"], scale=objs["scaler"].get_scale()
+            )
             objs["sched"].step()
         return trace
 
     def state(objs: dict[str, Any]) -> dict[str, Any]:
-        return saved(training_state(model=objs["ddp"], optimizer=objs["opt"], scheduler=objs["sched"], scaler=objs["scaler"]))
+        return saved(
+            training_state(
+                model=objs["ddp"],
+                optimizer=objs["opt"],
+                scheduler=objs["sched"],
+                scaler=objs["scaler"],
+            )
+        )
 
     def load(objs: dict[str, Any], ckpt: dict[str, Any]) -> None:
-        load_training_state(ckpt, model=objs["ddp"], optimizer=objs["opt"], scheduler=objs["sched"], scaler=objs["scaler"])
+        load_training_state(
+            ckpt,
+            model=objs["ddp"],
+            optimizer=objs["opt"],
+            scheduler=objs["sched"],
+            scaler=objs["scaler"],
+        )
 
     eager = build(False, 1)
     eager_trace = train(eager, data)
@@ -341,8 +396,20 @@ def evaluation(info: DistInfo) -> dict[str, Any]:
     `no_grad` every 4 steps, through DDP or through the module: training, eval losses and
     running statistics equal the eager loop's on every rank."""
     gen = torch.Generator().manual_seed(5 + info.rank)
-    data = [(torch.randn(8, 3, 16, 16, generator=gen).to(info.device), torch.randint(0, 10, (8,), generator=gen).to(info.device)) for _ in range(24)]
-    held_out = [(torch.randn(8, 3, 16, 16, generator=gen).to(info.device), torch.randint(0, 10, (8,), generator=gen).to(info.device)) for _ in range(2)]
+    data = [
+        (
+            torch.randn(8, 3, 16, 16, generator=gen).to(info.device),
+            torch.randint(0, 10, (8,), generator=gen).to(info.device),
+        )
+        for _ in range(24)
+    ]
+    held_out = [
+        (
+            torch.randn(8, 3, 16, 16, generator=gen).to(info.device),
+            torch.randint(0, 10, (8,), generator=gen).to(info.device),
+        )
+        for _ in range(2)
+    ]
 
     def run(captured: bool, through_ddp: bool) -> tuple[Trajectory, list[float], dict[str, Any]]:
         torch.manual_seed(0)

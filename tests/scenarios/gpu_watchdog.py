@@ -52,7 +52,10 @@ def setup(
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
 
     step = ddpgraph.capture_step(
-        square_loss_step(ddp, opt), model=ddp, optimizer=opt, replay_timeout=timeout,
+        square_loss_step(ddp, opt),
+        model=ddp,
+        optimizer=opt,
+        replay_timeout=timeout,
         on_replay_timeout=policy,  # type: ignore[arg-type]
     )
     step._watchdog.exit_grace_s = grace_s

@@ -128,7 +128,11 @@ def _to_device(tree: Any, device: Any) -> Any:
     from torch.utils._pytree import tree_map
 
     def move(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and torch.device(device).type == "cuda" and x.device.type == "cpu":
+        if (
+            isinstance(x, torch.Tensor)
+            and torch.device(device).type == "cuda"
+            and x.device.type == "cpu"
+        ):
             return x.to(device, non_blocking=True)
         return x
 

@@ -87,7 +87,14 @@ class Record(L.Callback):
         self.lrs: list[float] = []
         self.val: list[float] = []
 
-    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         self.losses.append(float(outputs["loss"]))
         self.scaled.append(float(outputs["scaled"]))
         self.logged.append(float(trainer.callback_metrics["train_loss"]))
@@ -108,8 +115,16 @@ def _data(info: DistInfo) -> tuple[DataLoader, DataLoader]:
     return train, val
 
 
-def _fit(info: DistInfo, *, callback: bool, epochs: int = 2, root: str | None = None,
-         ckpt: str | None = None, save: bool = False, **trainer_kw: Any) -> dict[str, Any]:
+def _fit(
+    info: DistInfo,
+    *,
+    callback: bool,
+    epochs: int = 2,
+    root: str | None = None,
+    ckpt: str | None = None,
+    save: bool = False,
+    **trainer_kw: Any,
+) -> dict[str, Any]:
     manual = trainer_kw.pop("manual", False)
     refused = trainer_kw.pop("refused", False)  # the callback leaves the optimizer as it is
     record = Record()
@@ -121,9 +136,17 @@ def _fit(info: DistInfo, *, callback: bool, epochs: int = 2, root: str | None = 
     if save:
         callbacks.append(ModelCheckpoint(dirpath=root, save_last=True, every_n_epochs=1))
     trainer = L.Trainer(
-        accelerator="gpu" if on_gpu else "cpu", devices=info.world_size, strategy="ddp", max_epochs=epochs,
-        callbacks=callbacks, logger=False, enable_checkpointing=save, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=2, default_root_dir=root or os.getcwd(),
+        accelerator="gpu" if on_gpu else "cpu",
+        devices=info.world_size,
+        strategy="ddp",
+        max_epochs=epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=save,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=2,
+        default_root_dir=root or os.getcwd(),
         **trainer_kw,
     )
     module = Net(manual=manual)
@@ -132,13 +155,19 @@ def _fit(info: DistInfo, *, callback: bool, epochs: int = 2, root: str | None = 
     trainer.fit(module, train, val, ckpt_path=ckpt)
     seconds = time.perf_counter() - start
     return {
-        "losses": record.losses, "logged": record.logged, "scaled": record.scaled,
-        "lrs": record.lrs, "val": record.val,
+        "losses": record.losses,
+        "logged": record.logged,
+        "scaled": record.scaled,
+        "lrs": record.lrs,
+        "val": record.val,
         "epoch_loss": float(trainer.callback_metrics["epoch_loss"]),
         "params": harness.params_of(module),
-        "state": graph.state, "code": graph.reason.code.value if graph.reason else None,
-        "reason": graph.reason.format() if graph.reason else None, "stats": vars(graph.stats),
-        "restored": "optimizer_step" not in vars(module), "fit_seconds": seconds,
+        "state": graph.state,
+        "code": graph.reason.code.value if graph.reason else None,
+        "reason": graph.reason.format() if graph.reason else None,
+        "stats": vars(graph.stats),
+        "restored": "optimizer_step" not in vars(module),
+        "fit_seconds": seconds,
     }
 
 
@@ -149,7 +178,10 @@ def _compare(info: DistInfo, **kw: Any) -> dict[str, Any]:
         **{k: graphed[k] for k in ("state", "code", "reason", "stats", "restored", "lrs", "val")},
         "fit_seconds": {"plain": plain["fit_seconds"], "graphed": graphed["fit_seconds"]},
         "steps": len(graphed["losses"]),
-        "same": {k: plain[k] == graphed[k] for k in ("losses", "logged", "scaled", "lrs", "val", "epoch_loss")},
+        "same": {
+            k: plain[k] == graphed[k]
+            for k in ("losses", "logged", "scaled", "lrs", "val", "epoch_loss")
+        },
         "param_rel_diff": harness.rel_diff(plain["params"], graphed["params"]),
         "loss_rel_diff": harness.loss_rel_diff(plain["losses"], graphed["losses"]),
     }
@@ -183,11 +215,15 @@ def checkpoint_resume(info: DistInfo) -> dict[str, Any]:
         run = os.environ.get("TORCHELASTIC_RUN_ID", "local")  # the same on every rank
         root = str(Path(tempfile.gettempdir()) / f"ddpgraph_ckpt_{run}_{int(callback)}")
         _fit(info, callback=callback, epochs=1, root=root, save=True)
-        resumed = _fit(info, callback=callback, epochs=2, root=root, ckpt=os.path.join(root, "last.ckpt"))
+        resumed = _fit(
+            info, callback=callback, epochs=2, root=root, ckpt=os.path.join(root, "last.ckpt")
+        )
         out[f"cb{int(callback)}"] = resumed
     plain, graphed = out["cb0"], out["cb1"]
     return {
-        "state": graphed["state"], "stats": graphed["stats"], "code": graphed["code"],
+        "state": graphed["state"],
+        "stats": graphed["stats"],
+        "code": graphed["code"],
         "steps": len(graphed["losses"]),
         "param_rel_diff": harness.rel_diff(plain["params"], graphed["params"]),
         "same_losses": plain["losses"] == graphed["losses"],

@@ -42,8 +42,16 @@ def _stats(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     return mean, torch.rsqrt(var + eps)
 
 
-def _gather(x: torch.Tensor, mean: torch.Tensor, invstd: torch.Tensor, running_mean: Any, running_var: Any,
-            momentum: float, eps: float, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather(
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    invstd: torch.Tensor,
+    running_mean: Any,
+    running_var: Any,
+    momentum: float,
+    eps: float,
+    counts: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     c = counts.to(mean.dtype).view(-1, 1)
     n = c.sum()
     var_each = invstd.pow(-2) - eps
@@ -56,7 +64,9 @@ def _gather(x: torch.Tensor, mean: torch.Tensor, invstd: torch.Tensor, running_m
     return g_mean, torch.rsqrt(g_var + eps)
 
 
-def _elemt(x: torch.Tensor, weight: Any, bias: Any, mean: torch.Tensor, invstd: torch.Tensor, eps: float) -> torch.Tensor:
+def _elemt(
+    x: torch.Tensor, weight: Any, bias: Any, mean: torch.Tensor, invstd: torch.Tensor, eps: float
+) -> torch.Tensor:
     y = (x - _channel(mean, x)) * _channel(invstd, x)
     if weight is not None:
         y = y * _channel(weight, x)
@@ -65,22 +75,44 @@ def _elemt(x: torch.Tensor, weight: Any, bias: Any, mean: torch.Tensor, invstd: 
     return y
 
 
-def _backward_reduce(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, invstd: torch.Tensor, weight: Any,
-                     input_g: bool, weight_g: bool, bias_g: bool) -> tuple[torch.Tensor, ...]:
+def _backward_reduce(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    invstd: torch.Tensor,
+    weight: Any,
+    input_g: bool,
+    weight_g: bool,
+    bias_g: bool,
+) -> tuple[torch.Tensor, ...]:
     sum_dy = dy.sum(_dims(x))
     sum_dy_xmu = (dy * (x - _channel(mean, x))).sum(_dims(x))
     empty = x.new_empty(0)
     grad_weight = sum_dy_xmu * invstd if weight_g else empty
     grad_bias = sum_dy.clone() if bias_g else empty
-    return (sum_dy, sum_dy_xmu, grad_weight, grad_bias) if input_g else (empty, empty, grad_weight, grad_bias)
+    return (
+        (sum_dy, sum_dy_xmu, grad_weight, grad_bias)
+        if input_g
+        else (empty, empty, grad_weight, grad_bias)
+    )
 
 
-def _backward_elemt(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, invstd: torch.Tensor, weight: Any,
-                    sum_dy: torch.Tensor, sum_dy_xmu: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+def _backward_elemt(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    invstd: torch.Tensor,
+    weight: Any,
+    sum_dy: torch.Tensor,
+    sum_dy_xmu: torch.Tensor,
+    count: torch.Tensor,
+) -> torch.Tensor:
     n = count.sum().to(x.dtype)
     scale = _channel(invstd, x) * (_channel(weight, x) if weight is not None else 1.0)
     xmu = x - _channel(mean, x)
-    return (dy - _channel(sum_dy / n, x) - xmu * _channel(invstd.pow(2) * sum_dy_xmu / n, x)) * scale
+    return (
+        dy - _channel(sum_dy / n, x) - xmu * _channel(invstd.pow(2) * sum_dy_xmu / n, x)
+    ) * scale
 
 
 def _register_kernels() -> None:
@@ -125,10 +157,16 @@ def cpu_sync_batch_norm(recording: Any) -> Iterator[None]:
     recording backend whose `capturing` says when a CUDA capture would be running."""
     _register_kernels()
     saved = (batchnorm.torch, _functions.torch)
-    batchnorm.torch = _AsOnAGpu({"_C": _Namespace(torch._C, _get_privateuse1_backend_name=lambda: "cpu")})  # type: ignore[assignment]
+    batchnorm.torch = _AsOnAGpu(
+        {"_C": _Namespace(torch._C, _get_privateuse1_backend_name=lambda: "cpu")}
+    )  # type: ignore[assignment]
     capturing = lambda: bool(getattr(recording, "capturing", False))  # noqa: E731
     _functions.torch = _AsOnAGpu(  # type: ignore[assignment]
-        {"cuda": _Namespace(torch.cuda, is_available=capturing, is_current_stream_capturing=capturing)}
+        {
+            "cuda": _Namespace(
+                torch.cuda, is_available=capturing, is_current_stream_capturing=capturing
+            )
+        }
     )
     try:
         yield

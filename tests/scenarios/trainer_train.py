@@ -46,7 +46,11 @@ class Sequences(Dataset[dict[str, torch.Tensor]]):
         # Every third sequence padded at its end, as a collator pads shorter texts.
         keep = SEQ - 4 * (i % 3 == 0)
         mask = (torch.arange(SEQ) < keep).long()
-        return {"input_ids": self.ids[i], "attention_mask": mask, "labels": self.ids[i].masked_fill(mask == 0, -100)}
+        return {
+            "input_ids": self.ids[i],
+            "attention_mask": mask,
+            "labels": self.ids[i].masked_fill(mask == 0, -100),
+        }
 
 
 def gpt2(**config: Any) -> GPT2LMHeadModel:
@@ -54,8 +58,15 @@ def gpt2(**config: Any) -> GPT2LMHeadModel:
     choose SDPA's causal shortcut, except while a CUDA stream captures, which the CPU
     recording cannot tell it (tests/scenarios/families.py shows both)."""
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2,
-                     attn_implementation=config.pop("attn_implementation", "eager"), **config)
+    cfg = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=SEQ,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        attn_implementation=config.pop("attn_implementation", "eager"),
+        **config,
+    )
     return GPT2LMHeadModel(cfg)
 
 
@@ -68,8 +79,15 @@ class Record(TrainerCallback):
         self.train_mode: list[bool] = []
         self.times: list[float] = []
 
-    def on_step_end(self, args: Any, state: Any, control: Any, optimizer: Any = None, model: Any = None,
-                    **kwargs: Any) -> None:
+    def on_step_end(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        optimizer: Any = None,
+        model: Any = None,
+        **kwargs: Any,
+    ) -> None:
         self.lrs.append(float(optimizer.param_groups[0]["lr"]))
         self.train_mode.append(all(m.training for m in model.modules()))
         self.times.append(time.perf_counter())
@@ -86,20 +104,41 @@ class CountGrads(TrainerCallback):
     def __init__(self) -> None:
         self.counts: list[int] = []
 
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+    def on_pre_optimizer_step(
+        self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any
+    ) -> None:
         self.counts.append(sum(p.grad is not None for p in model.parameters()))
 
 
-def train(info: DistInfo, *, graphs: bool, steps: int = STEPS, model_kw: dict[str, Any] | None = None,
-          output: str | None = None, resume: str | None = None, graph_safe: bool = True,
-          extra_callback_on: int | None = None, resume_again: str | None = None,
-          **args_kw: Any) -> dict[str, Any]:
+def train(
+    info: DistInfo,
+    *,
+    graphs: bool,
+    steps: int = STEPS,
+    model_kw: dict[str, Any] | None = None,
+    output: str | None = None,
+    resume: str | None = None,
+    graph_safe: bool = True,
+    extra_callback_on: int | None = None,
+    resume_again: str | None = None,
+    **args_kw: Any,
+) -> dict[str, Any]:
     on_cpu = info.device.type == "cpu"
     kw: dict[str, Any] = {
-        "output_dir": output or _root("scratch"), "use_cpu": on_cpu, "per_device_train_batch_size": BATCH,
-        "max_steps": steps, "learning_rate": 3e-3, "lr_scheduler_type": "cosine", "warmup_steps": 3,
-        "max_grad_norm": 1.0, "logging_steps": 4, "report_to": "none", "save_strategy": "no",
-        "seed": 0, "disable_tqdm": True, "dataloader_num_workers": 0,
+        "output_dir": output or _root("scratch"),
+        "use_cpu": on_cpu,
+        "per_device_train_batch_size": BATCH,
+        "max_steps": steps,
+        "learning_rate": 3e-3,
+        "lr_scheduler_type": "cosine",
+        "warmup_steps": 3,
+        "max_grad_norm": 1.0,
+        "logging_steps": 4,
+        "report_to": "none",
+        "save_strategy": "no",
+        "seed": 0,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
     }
     kw.update(args_kw)
     args = TrainingArguments(**kw)
@@ -111,7 +150,8 @@ def train(info: DistInfo, *, graphs: bool, steps: int = STEPS, model_kw: dict[st
         # On a GPU, SDPA (transformers skips its host read of the mask while a stream
         # captures); on CPU, eager attention (the recording cannot tell it).
         "model": gpt2(**{"attn_implementation": "eager" if on_cpu else "sdpa", **(model_kw or {})}),
-        "args": args, "callbacks": callbacks,
+        "args": args,
+        "callbacks": callbacks,
         "train_dataset": Sequences(BATCH * steps * info.world_size),
         "eval_dataset": Sequences(2 * BATCH * info.world_size, seed=4),
     }
@@ -134,15 +174,23 @@ def train(info: DistInfo, *, graphs: bool, steps: int = STEPS, model_kw: dict[st
         "logged_lrs": [e["learning_rate"] for e in logs if "learning_rate" in e and "loss" in e],
         "eval_losses": [e["eval_loss"] for e in logs if "eval_loss" in e],
         "train_loss": next((e["train_loss"] for e in logs if "train_loss" in e), None),
-        "lrs": record.lrs, "train_mode": record.train_mode, "steps": trainer.state.global_step,
-        "params": harness.params_of(trainer.model), "seconds": seconds,
+        "lrs": record.lrs,
+        "train_mode": record.train_mode,
+        "steps": trainer.state.global_step,
+        "params": harness.params_of(trainer.model),
+        "seconds": seconds,
         "ms_per_step": _ms_per_step(record.times),
     }
     if graphs:
         g = trainer.graphs  # type: ignore[attr-defined]
-        out.update(state=g.state, code=g.reason.code.value if g.reason else None,
-                   reason=g.reason.format() if g.reason else None, stats=g.stats,
-                   restored="step" not in vars(trainer.optimizer) or _is_schedulers(trainer.optimizer.step))
+        out.update(
+            state=g.state,
+            code=g.reason.code.value if g.reason else None,
+            reason=g.reason.format() if g.reason else None,
+            stats=g.stats,
+            restored="step" not in vars(trainer.optimizer)
+            or _is_schedulers(trainer.optimizer.step),
+        )
     return out
 
 
@@ -152,16 +200,42 @@ def _is_schedulers(step: Any) -> bool:
 
 def _ms_per_step(times: list[float]) -> float | None:
     """Over the second half of the steps (warm-up and capture are in the first)."""
-    half = times[len(times) // 2:]
+    half = times[len(times) // 2 :]
     return 1000 * (half[-1] - half[0]) / (len(half) - 1) if len(half) > 1 else None
 
 
 def compare(info: DistInfo, *, refused: bool = False, **kw: Any) -> dict[str, Any]:
     graphed = train(info, graphs=True, **kw)
-    plain = train(info, graphs=False, graph_safe=not refused, **kw)  # a refused run leaves the optimizer as written
-    same = {k: plain[k] == graphed[k] for k in ("losses", "grad_norms", "logged_lrs", "lrs", "eval_losses", "train_loss", "train_mode")}
+    plain = train(
+        info, graphs=False, graph_safe=not refused, **kw
+    )  # a refused run leaves the optimizer as written
+    same = {
+        k: plain[k] == graphed[k]
+        for k in (
+            "losses",
+            "grad_norms",
+            "logged_lrs",
+            "lrs",
+            "eval_losses",
+            "train_loss",
+            "train_mode",
+        )
+    }
     return {
-        **{k: graphed[k] for k in ("state", "code", "reason", "stats", "restored", "lrs", "losses", "steps", "eval_losses")},
+        **{
+            k: graphed[k]
+            for k in (
+                "state",
+                "code",
+                "reason",
+                "stats",
+                "restored",
+                "lrs",
+                "losses",
+                "steps",
+                "eval_losses",
+            )
+        },
         "same": same,
         "param_rel_diff": harness.rel_diff(plain["params"], graphed["params"]),
         "seconds": {"plain": plain["seconds"], "graphed": graphed["seconds"]},
@@ -177,7 +251,9 @@ def checkpoint_resume(info: DistInfo) -> dict[str, Any]:
         root = _root(f"ckpt{int(graphs)}")
         shutil.rmtree(root, ignore_errors=True)
         # Saved 3 steps after the capture; resumed for 11 warm-up steps and 7 replays.
-        saved = train(info, graphs=graphs, steps=32, output=root, save_strategy="steps", save_steps=14)
+        saved = train(
+            info, graphs=graphs, steps=32, output=root, save_strategy="steps", save_steps=14
+        )
         middle = os.path.join(root, "checkpoint-14")
         state = torch.load(os.path.join(middle, "optimizer.pt"), weights_only=False)["state"]
         resumed = train(info, graphs=graphs, steps=32, output=root, resume=middle)
@@ -186,16 +262,23 @@ def checkpoint_resume(info: DistInfo) -> dict[str, Any]:
     ranks_saved = sorted(os.listdir(_root("ckpt1")))
     return {
         "saved_dirs": ranks_saved,
-        "state": graphed["resumed"]["state"], "stats": graphed["resumed"]["stats"],
-        "code": graphed["resumed"]["code"], "steps": graphed["resumed"]["steps"],
+        "state": graphed["resumed"]["state"],
+        "stats": graphed["resumed"]["stats"],
+        "code": graphed["resumed"]["code"],
+        "steps": graphed["resumed"]["steps"],
         "resumed_losses": graphed["resumed"]["losses"],
         "same_checkpoint": all(
             torch.equal(plain["opt_state"][k][n], graphed["opt_state"][k][n])
-            for k in plain["opt_state"] for n in plain["opt_state"][k]
+            for k in plain["opt_state"]
+            for n in plain["opt_state"][k]
         ),
         "same_resumed_losses": plain["resumed"]["losses"] == graphed["resumed"]["losses"],
-        "param_rel_diff": harness.rel_diff(plain["resumed"]["params"], graphed["resumed"]["params"]),
-        "uninterrupted_rel_diff": harness.rel_diff(plain["saved"]["params"], plain["resumed"]["params"]),
+        "param_rel_diff": harness.rel_diff(
+            plain["resumed"]["params"], graphed["resumed"]["params"]
+        ),
+        "uninterrupted_rel_diff": harness.rel_diff(
+            plain["saved"]["params"], plain["resumed"]["params"]
+        ),
     }
 
 
@@ -207,8 +290,15 @@ def resume_same_trainer(info: DistInfo) -> dict[str, Any]:
     for graphs in (False, True):
         root = _root(f"again{int(graphs)}")
         shutil.rmtree(root, ignore_errors=True)
-        out[str(graphs)] = train(info, graphs=graphs, steps=32, output=root, save_strategy="steps", save_steps=14,
-                                 resume_again=os.path.join(root, "checkpoint-14"))
+        out[str(graphs)] = train(
+            info,
+            graphs=graphs,
+            steps=32,
+            output=root,
+            save_strategy="steps",
+            save_steps=14,
+            resume_again=os.path.join(root, "checkpoint-14"),
+        )
     plain, graphed = out["False"], out["True"]
     return {
         **{k: graphed[k] for k in ("state", "code", "reason", "stats", "restored")},
@@ -224,10 +314,18 @@ REGISTRY: dict[str, harness.Scenario] = {
     "no_clipping": lambda info: compare(info, max_grad_norm=0.0),
     # Dynamo's eager backend on CPU (no code generation: seconds, and aten operations the
     # recording sees); inductor, Trainer's default, on a GPU.
-    "compiled": lambda info: compare(info, torch_compile=True, torch_compile_backend="eager" if info.device.type == "cpu" else "inductor"),
-    "one_rank_callback": lambda info: compare(info, refused=True, extra_callback_on=info.world_size - 1),
+    "compiled": lambda info: compare(
+        info,
+        torch_compile=True,
+        torch_compile_backend="eager" if info.device.type == "cpu" else "inductor",
+    ),
+    "one_rank_callback": lambda info: compare(
+        info, refused=True, extra_callback_on=info.world_size - 1
+    ),
     "dropout": lambda info: compare(info, model_kw={"resid_pdrop": 0.1, "embd_pdrop": 0.1}),
-    "accumulate": lambda info: compare(info, refused=True, gradient_accumulation_steps=2, max_steps=12),
+    "accumulate": lambda info: compare(
+        info, refused=True, gradient_accumulation_steps=2, max_steps=12
+    ),
     "checkpoint_resume": checkpoint_resume,
     "resume_same_trainer": resume_same_trainer,
 }

@@ -152,7 +152,9 @@ def main() -> None:
         captured_then_exit(mode)
         return
     ends = mode in ("stuck", "checkpoint_stuck")
-    watchdog = make_watchdog(grace_s=1.0 if ends else 30.0, checkpoint_wait_s=2.0 if ends else 120.0)
+    watchdog = make_watchdog(
+        grace_s=1.0 if ends else 30.0, checkpoint_wait_s=2.0 if ends else 120.0
+    )
     watchdog.after_replay()
     if mode == "stuck":
         threading.Event().wait()

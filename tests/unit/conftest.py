@@ -188,6 +188,8 @@ def library_sync() -> Any:
     library = os.path.join(site.getsitepackages()[0], "transformers", "masking_utils.py")
     stack = [
         traceback.FrameSummary("/home/user/train.py", 57, "main", line="loss = step(x, y)"),
-        traceback.FrameSummary(library, 761, "find_packed_sequence_indices", line="if (mask[:, -1] == 0).all():"),
+        traceback.FrameSummary(
+            library, 761, "find_packed_sequence_indices", line="if (mask[:, -1] == 0).all():"
+        ),
     ]
     return host_sync_finding(stack)

@@ -45,7 +45,11 @@ def is_alias(source: str) -> bool:
             continue  # the docstring
         if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
             continue
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "moved":
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Call)
+            and ast.unparse(node.value.func) == "moved"
+        ):
             continue
         if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'":
             continue
@@ -71,7 +75,9 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
     return lines
 
 
-def imported_modules(source: str, package: tuple[str, ...], known: Iterable[str] = ()) -> list[tuple[int, str, bool]]:
+def imported_modules(
+    source: str, package: tuple[str, ...], known: Iterable[str] = ()
+) -> list[tuple[int, str, bool]]:
     """(line, module, at module level) of every run-time import: `import`, `from ... import`
     (relative or absolute; `from . import x` names the module `x` where `x` is one of
     `known`) and `importlib.import_module("...")`. Imports under `if TYPE_CHECKING:` are
@@ -106,7 +112,9 @@ def imported_modules(source: str, package: tuple[str, ...], known: Iterable[str]
 
 
 # ----------------------------------------------------------------- the layer rule
-def imports_above_core(source: str, package: tuple[str, ...] = ("ddpgraph",)) -> list[tuple[int, str]]:
+def imports_above_core(
+    source: str, package: tuple[str, ...] = ("ddpgraph",)
+) -> list[tuple[int, str]]:
     """(line, module) of every run-time import, at any depth, of a layer above the core."""
     found: dict[int, str] = {}
     for line, module, _ in imported_modules(source, package):
@@ -176,7 +184,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def tree_sources(src: Path = SRC) -> dict[str, tuple[str, bool]]:
-    return {module_name(p, src): (p.read_text(), p.name == "__init__.py") for p in sorted(src.rglob("*.py"))}
+    return {
+        module_name(p, src): (p.read_text(), p.name == "__init__.py")
+        for p in sorted(src.rglob("*.py"))
+    }
 
 
 # ----------------------------------------------------------------- private reaches
@@ -201,7 +212,13 @@ def defined_private_names(source: str) -> set[str]:
             names.add(node.attr)
     for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef))]:
         for stmt in scope.body:
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+            targets = (
+                stmt.targets
+                if isinstance(stmt, ast.Assign)
+                else [stmt.target]
+                if isinstance(stmt, ast.AnnAssign)
+                else []
+            )
             names.update(t.id for t in targets if isinstance(t, ast.Name))
     return {n for n in names if _is_private(n)}
 
@@ -211,7 +228,10 @@ def private_reaches(source: str, ours: set[str]) -> Iterator[tuple[int, str]]:
     `super()`, a private name that one of `ours` defines and it does not define itself.
     `getattr`/`setattr`/`hasattr` with the name as a string count too."""
     own = defined_private_names(source)
-    nodes = sorted(ast.walk(ast.parse(source)), key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
+    nodes = sorted(
+        ast.walk(ast.parse(source)),
+        key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)),
+    )
     for node in nodes:
         if isinstance(node, ast.Attribute) and node.attr in ours and node.attr not in own:
             owner = ast.unparse(node.value)

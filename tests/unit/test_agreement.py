@@ -21,10 +21,15 @@ def test_without_a_process_group_the_rank_decides_alone() -> None:
 
 
 def test_summary_of_a_failure_on_some_ranks_names_them() -> None:
-    decision = Decision([Outcome(0, True), Outcome(1, False, [SYNC]), Outcome(2, True), Outcome(3, False, [SYNC])])
+    decision = Decision(
+        [Outcome(0, True), Outcome(1, False, [SYNC]), Outcome(2, True), Outcome(3, False, [SYNC])]
+    )
     summary = decision.summary()
     assert summary.code is Code.HOST_SYNC_IN_CAPTURE
-    assert summary.happened == "`loss.item()` waits for the GPU (only on ranks 1,3; every rank takes the same path)"
+    assert (
+        summary.happened
+        == "`loss.item()` waits for the GPU (only on ranks 1,3; every rank takes the same path)"
+    )
     assert summary.ranks == (1, 3)
 
 

@@ -29,7 +29,9 @@ def _no_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     """A check that passed would start torchrun: record the call instead."""
     _started.clear()
     for module in (demo, bench):
-        monkeypatch.setattr(module, "run_under_torchrun", lambda argv, n=None: _started.append(argv) or 0)
+        monkeypatch.setattr(
+            module, "run_under_torchrun", lambda argv, n=None: _started.append(argv) or 0
+        )
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
 
@@ -45,7 +47,10 @@ BAD = [
     (["demo", "--steps", "0"], "`--steps`: expected at least 2, got 0"),
     (["demo", "--steps", "-5"], "`--steps`: expected at least 2, got -5"),
     (["demo", "--nproc", "0"], "`--nproc`: expected at least 1, got 0"),
-    (["demo", "--json", "/no/such/dir/x.json"], "`--json`: expected a file in an existing folder, got '/no/such/dir/x.json'"),
+    (
+        ["demo", "--json", "/no/such/dir/x.json"],
+        "`--json`: expected a file in an existing folder, got '/no/such/dir/x.json'",
+    ),
     (["demo", "--json", "/"], "`--json`: expected a file name, got the folder '/'"),
     (["bench", "--plot", "x.txtx"], "`--plot`: expected a file ending in one of"),
     (["bench", "--plot", "bench"], "`--plot`: expected a file ending in one of"),
@@ -123,7 +128,9 @@ def test_torchrun_passes_every_option_to_the_workers(command: str) -> None:
         worker = launch.worker_args(argv)
         launched = launch.torchrun_command(worker, 2)[3:]  # after `python -m torch.distributed.run`
         parsed = parser.parse_args(launched)
-        assert [parsed.training_script, *parsed.training_script_args] == ["ddpgraph", *worker], option
+        assert [parsed.training_script, *parsed.training_script_args] == ["ddpgraph", *worker], (
+            option
+        )
 
 
 @pytest.mark.slow  # two child processes that import torch
@@ -131,7 +138,12 @@ def test_as_typed_in_a_shell_exit_2_without_a_traceback() -> None:
     env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK"}}
     for argv in (["demo", "--batch", "-1"], ["bench", "--plot", "x.txtx"]):
         done = subprocess.run(
-            [sys.executable, "-m", "ddpgraph", *argv], capture_output=True, text=True, env=env, timeout=120, check=False
+            [sys.executable, "-m", "ddpgraph", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
         )
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith("[INVALID_ARGUMENT] ") and "Traceback" not in done.stderr

@@ -103,5 +103,13 @@ def test_bad_arguments_exit_2_with_the_finding(
 def test_list_strategies(capsys: pytest.CaptureFixture[str]) -> None:
     assert command.main(parse("--list-strategies"), ["--list-strategies"]) == 0
     out = capsys.readouterr().out
-    for name in ("eager", "torch-compile", "reduce-overhead", "recipe", "whole", "compile", "partial"):
+    for name in (
+        "eager",
+        "torch-compile",
+        "reduce-overhead",
+        "recipe",
+        "whole",
+        "compile",
+        "partial",
+    ):
         assert name in out

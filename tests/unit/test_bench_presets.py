@@ -25,12 +25,21 @@ from ddpgraph.bench.workloads import parse_batch_sizes, resolve_model
 CPU = torch.device("cpu")
 # Small enough to train a step on two loaded CPU cores in well under a second.
 TINY_GPT2 = {
-    "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 96, "n_positions": 32,
-    "bos_token_id": 0, "eos_token_id": 0,
+    "n_layer": 2,
+    "n_embd": 32,
+    "n_head": 2,
+    "vocab_size": 96,
+    "n_positions": 32,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
 }
 TINY_LLAMA = {
-    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 96,
 }
 
 
@@ -82,7 +91,11 @@ def test_transformers_presets_resolve_at_their_published_sizes() -> None:
     pytest.importorskip("transformers")
     gpt2, llama = resolve_model("hf-gpt2"), resolve_model("hf-llama")
     assert (gpt2.name, gpt2.workload.unit, gpt2.workload.per_sample) == ("hf-gpt2", "tokens", 256)
-    assert (llama.name, llama.workload.unit, llama.workload.per_sample) == ("hf-llama", "tokens", 256)
+    assert (llama.name, llama.workload.unit, llama.workload.per_sample) == (
+        "hf-llama",
+        "tokens",
+        256,
+    )
     x, y = gpt2.workload.make_batch(2, torch.Generator().manual_seed(0), CPU)
     assert x.shape == y.shape == (2, 256) and int(x.max()) < 50257  # GPT2Config's vocabulary
     x, _ = llama.workload.make_batch(2, torch.Generator().manual_seed(0), CPU)
@@ -105,7 +118,9 @@ def test_transformers_models_build_and_train_a_step_on_cpu(
     again = workload.build()
     assert isinstance(model, CausalLMLogits)
     assert model.model.config._attn_implementation == "sdpa"  # eager attention syncs the host
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True)
+    )
     x, y = workload.make_batch(3, torch.Generator().manual_seed(0), CPU)
     logits = model(x)
     assert logits.shape == (3, 16, config["vocab_size"])
@@ -126,7 +141,9 @@ def test_the_families_resolve_with_their_batches() -> None:
     assert (bert.name, bert.per_sample, x.shape) == ("hf-bert", 128, (4, 128))
     padded, masked = x == PAD_ID, y != -100
     assert padded.any() and not padded[:, 0].any()  # every sequence has words, some are padded
-    assert bool((x[masked] == MASK_ID).all()) and not masked[padded].any()  # labels only where a word was hidden
+    assert (
+        bool((x[masked] == MASK_ID).all()) and not masked[padded].any()
+    )  # labels only where a word was hidden
     for name in ("hf-moe", "hf-moe-bf16", "hf-gpt2-ckpt"):
         workload = resolve_model(name).workload
         assert (workload.name, workload.unit, workload.per_sample) == (name, "tokens", 256)

@@ -80,9 +80,7 @@ def test_speedups_are_over_eager_with_the_same_feed() -> None:
     assert cap.feeds["device"].speedup == pytest.approx(14.4 / 4.6)
     assert cap.feeds["dataloader"].speedup == pytest.approx(15.0 / 4.8)
     assert report.case("gpt", 8)["eager"].feeds["device"].speedup == pytest.approx(1.0)
-    assert report.case("gpt", 32)["whole"].feeds["device"].speedup == pytest.approx(
-        18.7 / 10.2
-    )
+    assert report.case("gpt", 32)["whole"].feeds["device"].speedup == pytest.approx(18.7 / 10.2)
 
 
 def test_summary_relates_whole_to_every_alternative() -> None:
@@ -119,7 +117,9 @@ def test_payload_validates_and_round_trips_through_json() -> None:
 def test_a_file_of_another_schema_version_is_refused_naming_both_versions(version: int) -> None:
     data = json.loads(json.dumps(payload(sample_report())))
     data["schema_version"] = version
-    with pytest.raises(DdpGraphUsageError, match=f"schema_version {version}, expected {SCHEMA_VERSION}"):
+    with pytest.raises(
+        DdpGraphUsageError, match=f"schema_version {version}, expected {SCHEMA_VERSION}"
+    ):
         Report.from_dict(data)
 
 
@@ -137,7 +137,10 @@ def test_a_file_of_another_schema_version_is_refused_naming_both_versions(versio
         (lambda d: d["results"][0].update(batch_size="8"), "results[0].batch_size has type str"),
         (lambda d: d["results"][0].update(batch_size=True), "results[0].batch_size is a bool"),
         (lambda d: d.pop("markdown"), "markdown is missing"),
-        (lambda d: d["results"][0].update(gpu_timeline=[1.0]), "results[0].gpu_timeline has type list"),
+        (
+            lambda d: d["results"][0].update(gpu_timeline=[1.0]),
+            "results[0].gpu_timeline has type list",
+        ),
     ],
 )
 def test_validate_names_what_is_wrong(edit: Any, problem: str) -> None:
@@ -145,7 +148,9 @@ def test_validate_names_what_is_wrong(edit: Any, problem: str) -> None:
     edit(data)
     assert any(problem in p for p in validate(data)), validate(data)
     # Another schema version is refused by its own message (naming both versions).
-    with pytest.raises(ValueError, match=r"not a ddpgraph bench result|schema_version 99, expected 3"):
+    with pytest.raises(
+        ValueError, match=r"not a ddpgraph bench result|schema_version 99, expected 3"
+    ):
         Report.from_dict(data)
 
 
@@ -264,7 +269,14 @@ def test_the_published_results_load_under_make_steps_names() -> None:
 
 def cpu_report() -> Report:
     """A run without CUDA: `whole` captured with the CPU recording backend."""
-    setup = {**SETUP, "backend": "gloo", "device": "x86_64", "cuda": None, "nccl": None, "settings": {"amp": "off"}}
+    setup = {
+        **SETUP,
+        "backend": "gloo",
+        "device": "x86_64",
+        "cuda": None,
+        "nccl": None,
+        "settings": {"amp": "off"},
+    }
     results = [
         _ok("eager", 20.0, 10.0),
         _ok("whole", 15.0, 14.0, capture_s=0.05, captured=True, note="CPU emulation: ..."),
@@ -273,7 +285,9 @@ def cpu_report() -> Report:
     return Report(setup, [{"name": "eager"}], results)
 
 
-def test_a_cpu_run_says_in_rows_summary_and_plot_that_its_captures_are_emulated(tmp_path: Path) -> None:
+def test_a_cpu_run_says_in_rows_summary_and_plot_that_its_captures_are_emulated(
+    tmp_path: Path,
+) -> None:
     report = cpu_report()
     fill_speedups(report)
     data = payload(report)

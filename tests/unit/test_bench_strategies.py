@@ -46,7 +46,9 @@ def test_select_keeps_registry_order_and_rejects_unknown_names() -> None:
     with pytest.raises(ddpgraph.DdpGraphUsageError) as info:
         select(["eager", "cudagraphs", "fast"])
     text = str(info.value)
-    assert text.startswith("[INVALID_ARGUMENT] `--strategies`: expected names from eager, torch-compile")
+    assert text.startswith(
+        "[INVALID_ARGUMENT] `--strategies`: expected names from eager, torch-compile"
+    )
     assert "got 'cudagraphs', 'fast'" in text
 
 
@@ -113,7 +115,9 @@ class Recapturing(Runner):
     captures again only after `loader_calls_to_capture` calls; `eager_from` on, every
     call runs eagerly (a graph that serves no call)."""
 
-    def __init__(self, device_calls: int, loader_calls_to_capture: int, eager_from: int | None = None) -> None:
+    def __init__(
+        self, device_calls: int, loader_calls_to_capture: int, eager_from: int | None = None
+    ) -> None:
         self.calls = 0
         self.device_calls = device_calls
         self.to_capture = loader_calls_to_capture
@@ -157,11 +161,16 @@ def test_the_dataloader_warm_up_lasts_until_the_strategy_captured_again() -> Non
 def test_timed_calls_that_ran_eagerly_are_counted_and_said() -> None:
     device_calls = QUICK.warmup + QUICK.timed_steps
     eager_from = device_calls + QUICK.loader_warmup + 1  # every timed DataLoader call
-    strategy = Strategy("unserved", "eager calls", lambda case, model: Recapturing(device_calls, 1, eager_from))
+    strategy = Strategy(
+        "unserved", "eager calls", lambda case, model: Recapturing(device_calls, 1, eager_from)
+    )
     result = _run(strategy, _case())
     assert result.feeds["device"].eager_calls == 0
     assert result.feeds["dataloader"].eager_calls == QUICK.timed_steps
-    assert result.note == f"{QUICK.timed_steps} of {QUICK.timed_steps} timed calls ran eagerly with the DataLoader feed"
+    assert (
+        result.note
+        == f"{QUICK.timed_steps} of {QUICK.timed_steps} timed calls ran eagerly with the DataLoader feed"
+    )
 
 
 @pytest.mark.usefixtures("process_group")

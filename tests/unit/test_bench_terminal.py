@@ -30,13 +30,35 @@ def _cpu_report() -> Report:
     results = []
     for batch in (4, 16):
         for strategy, ms in (("eager", 20.0), ("whole", 19.1)):
-            feeds = {"device": FeedResult(ms, 1.0, [ms]), "dataloader": FeedResult(ms + 3, 1.0, [ms + 3])}
+            feeds = {
+                "device": FeedResult(ms, 1.0, [ms]),
+                "dataloader": FeedResult(ms + 3, 1.0, [ms + 3]),
+            }
             captured = False if strategy == "whole" else None
-            note = "[NO_CUDA] No CUDA device for this step: runs eagerly\nHINT: use a GPU" if captured is False else None
-            results.append(StrategyResult("gpt", batch, strategy, feeds=feeds, captured=captured, note=note))
+            note = (
+                "[NO_CUDA] No CUDA device for this step: runs eagerly\nHINT: use a GPU"
+                if captured is False
+                else None
+            )
+            results.append(
+                StrategyResult("gpt", batch, strategy, feeds=feeds, captured=captured, note=note)
+            )
         for strategy in ("recipe", "reduce-overhead"):
-            results.append(StrategyResult("gpt", batch, strategy, status="skipped", reason="needs CUDA: it records a CUDA graph"))
-    setup = {**sample_report().setup, "device": "x86_64", "backend": "gloo", "settings": {"amp": "off"}}
+            results.append(
+                StrategyResult(
+                    "gpt",
+                    batch,
+                    strategy,
+                    status="skipped",
+                    reason="needs CUDA: it records a CUDA graph",
+                )
+            )
+    setup = {
+        **sample_report().setup,
+        "device": "x86_64",
+        "backend": "gloo",
+        "settings": {"amp": "off"},
+    }
     report = Report(setup, [], results)
     fill_speedups(report)
     return report
@@ -69,12 +91,18 @@ def test_cpu_tables_leave_out_empty_columns_and_call_the_speedup_noise() -> None
     assert text.count("[1] [NO_CUDA]") == 1
     # Strategies that cannot run here: one line, not a row per batch size.
     assert "recipe" not in text.split("Not run:")[0]
-    assert "Not run: recipe (needs CUDA: it records a CUDA graph); reduce-overhead (needs CUDA" in text.replace("\n", " ")
+    assert (
+        "Not run: recipe (needs CUDA: it records a CUDA graph); reduce-overhead (needs CUDA"
+        in text.replace("\n", " ")
+    )
 
 
 def test_markdown_keeps_every_column_and_says_what_noise_means() -> None:
     text = markdown(_cpu_report(), summary(_cpu_report()))
-    assert "| batch | strategy | ms/step | × eager | GPU busy | throughput | capture | peak MiB |" in text
+    assert (
+        "| batch | strategy | ms/step | × eager | GPU busy | throughput | capture | peak MiB |"
+        in text
+    )
     assert "1.05× noise" in text and NOISE_NOTE in text
 
 
@@ -95,7 +123,14 @@ def test_plot_leaves_out_rows_that_captured_nothing() -> None:
     assert figure is not None
     [panel] = [ax for ax in figure.axes if ax.get_visible()]
     # `whole` ran eagerly at batch 32: only batch 8 is drawn for it.
-    xs = sorted({x for line in panel.get_lines() for x in line.get_xdata() if len(line.get_xdata()) and line.get_marker() == "o"})
+    xs = sorted(
+        {
+            x
+            for line in panel.get_lines()
+            for x in line.get_xdata()
+            if len(line.get_xdata()) and line.get_marker() == "o"
+        }
+    )
     assert xs == [8]
 
 

@@ -60,7 +60,10 @@ def test_importable_module_name(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("gtp", "expected one of gpt, mlp, resnet18, hf-gpt2, hf-llama, timm-vit, tv-resnet50, hf-bert, hf-moe, hf-moe-bf16, tv-syncbn, hf-gpt2-ckpt or MODULE:FACTORY, got 'gtp'"),
+        (
+            "gtp",
+            "expected one of gpt, mlp, resnet18, hf-gpt2, hf-llama, timm-vit, tv-resnet50, hf-bert, hf-moe, hf-moe-bf16, tv-syncbn, hf-gpt2-ckpt or MODULE:FACTORY, got 'gtp'",
+        ),
         (":tiny", "expected MODULE:FACTORY with both parts"),
         ("no_such_module_here:make", "could not import `no_such_module_here`: ModuleNotFoundError"),
         ("/nowhere/models.py:make", "could not import `/nowhere/models.py`: FileNotFoundError"),

@@ -13,16 +13,22 @@ from ddpgraph.family.buckets import bucket_collate, choose_buckets, next_bucket,
 
 def _lm_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     logits = model(ids)
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
 
 
 def test_padding_at_the_end_leaves_a_causal_lm_loss_unchanged() -> None:
     torch.manual_seed(0)
     model = TinyGPT(GPTConfig(vocab=50, block=64, layers=2, dim=32, heads=4)).double()
     ids = torch.randint(1, 50, (3, 21))
-    padded = pad_to_bucket({"input_ids": ids, "labels": ids.clone()}, buckets=(16, 32, 64), pad_id=0)
+    padded = pad_to_bucket(
+        {"input_ids": ids, "labels": ids.clone()}, buckets=(16, 32, 64), pad_id=0
+    )
     assert padded["input_ids"].shape == (3, 32)
-    assert torch.equal(padded["input_ids"][:, :21], ids) and bool((padded["input_ids"][:, 21:] == 0).all())
+    assert torch.equal(padded["input_ids"][:, :21], ids) and bool(
+        (padded["input_ids"][:, 21:] == 0).all()
+    )
     assert bool((padded["labels"][:, 21:] == -100).all())
     assert padded["attention_mask"].sum().item() == 3 * 21  # added: 1 on real tokens only
     plain = _lm_loss(model, ids, ids)
@@ -36,13 +42,20 @@ def test_padding_at_the_end_leaves_a_causal_lm_loss_unchanged() -> None:
 
 def test_existing_mask_and_labels_are_padded_with_their_values() -> None:
     ids = torch.ones(2, 5, dtype=torch.long)
-    batch = {"input_ids": ids, "attention_mask": torch.ones(2, 5, dtype=torch.long), "labels": ids, "n": 7}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones(2, 5, dtype=torch.long),
+        "labels": ids,
+        "n": 7,
+    }
     out = pad_to_bucket(batch, buckets=(8,), pad_id=3, label_pad=-1)
     assert out["input_ids"][0].tolist() == [1] * 5 + [3] * 3
     assert out["attention_mask"][0].tolist() == [1] * 5 + [0] * 3
     assert out["labels"][0].tolist() == [1] * 5 + [-1] * 3
     assert out["n"] == 7
-    assert pad_to_bucket({"input_ids": torch.ones(1, 8, dtype=torch.long)}, buckets=(8,))["input_ids"].shape == (1, 8)
+    assert pad_to_bucket({"input_ids": torch.ones(1, 8, dtype=torch.long)}, buckets=(8,))[
+        "input_ids"
+    ].shape == (1, 8)
 
 
 def test_bucket_choice_and_errors() -> None:
@@ -52,7 +65,10 @@ def test_bucket_choice_and_errors() -> None:
     with pytest.raises(ddpgraph.DdpGraphUsageError, match="longer than the largest bucket"):
         pad_to_bucket({"input_ids": torch.ones(1, 9, dtype=torch.long)}, buckets=(8,))
     with pytest.raises(ddpgraph.DdpGraphUsageError, match="no padding value"):
-        pad_to_bucket({"input_ids": torch.ones(1, 5, dtype=torch.long), "extra": torch.ones(1, 5)}, buckets=(8,))
+        pad_to_bucket(
+            {"input_ids": torch.ones(1, 5, dtype=torch.long), "extra": torch.ones(1, 5)},
+            buckets=(8,),
+        )
     with pytest.raises(ddpgraph.DdpGraphUsageError, match="positive int lengths"):
         pad_to_bucket({"input_ids": torch.ones(1, 5, dtype=torch.long)}, buckets=())
 

@@ -19,7 +19,9 @@ CALLS = 14
 
 
 def _train(run: Any, kind: str, step_fn: Any, extra: Any) -> ddpgraph.CapturedStep[Any]:
-    step = ddpgraph.capture_step(step_fn, model=run.model, optimizer=run.optimizer, backend=BACKENDS[kind]())
+    step = ddpgraph.capture_step(
+        step_fn, model=run.model, optimizer=run.optimizer, backend=BACKENDS[kind]()
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ddpgraph.DdpGraphWarning)
         for x, y in run_batches():
@@ -57,7 +59,9 @@ def test_a_write_through_data_is_found_and_reaches_the_caller(make_run, kind: st
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
-def test_a_new_value_put_into_a_dict_argument_is_found_and_reaches_the_caller(make_run, kind: str) -> None:
+def test_a_new_value_put_into_a_dict_argument_is_found_and_reaches_the_caller(
+    make_run, kind: str
+) -> None:
     run = make_run(fused=True)
     state = {"loss_sum": torch.zeros(()), "steps": 0}
     losses: list[float] = []

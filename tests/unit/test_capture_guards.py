@@ -33,7 +33,9 @@ def test_a_step_that_writes_into_an_argument_runs_eagerly_and_says_which(make_ru
         count.add_(1)
         return run.step(x, y)
 
-    step = ddpgraph.capture_step(step_fn, model=run.model, optimizer=run.optimizer, backend=ddpgraph.PassThroughBackend())
+    step = ddpgraph.capture_step(
+        step_fn, model=run.model, optimizer=run.optimizer, backend=ddpgraph.PassThroughBackend()
+    )
     for x, y in batches(10):
         _quiet(lambda x=x, y=y: step(x, y, count))
     assert int(count) == 10  # as eager: every call wrote into the caller's tensor
@@ -54,7 +56,9 @@ def test_an_argument_that_gets_a_gradient_runs_eagerly(make_run, batches) -> Non
         run.optimizer.step()
         return loss.detach()
 
-    step = ddpgraph.capture_step(step_fn, model=run.model, optimizer=run.optimizer, backend=ddpgraph.PassThroughBackend())
+    step = ddpgraph.capture_step(
+        step_fn, model=run.model, optimizer=run.optimizer, backend=ddpgraph.PassThroughBackend()
+    )
     for x, y in batches(6):
         _quiet(lambda x=x, y=y: step(x, y, scale))
         assert scale.grad is not None  # every call, as eager
@@ -74,7 +78,9 @@ def test_an_optimizer_stepped_but_not_passed_is_named(make_run, batches) -> None
         extra.step()
         return loss
 
-    step = ddpgraph.capture_step(step_fn, model=run.model, optimizer=run.optimizer, backend=ddpgraph.PassThroughBackend())
+    step = ddpgraph.capture_step(
+        step_fn, model=run.model, optimizer=run.optimizer, backend=ddpgraph.PassThroughBackend()
+    )
     for x, y in batches(6):
         _quiet(lambda x=x, y=y: step(x, y))
     assert step.state is StepState.EAGER
@@ -133,7 +139,9 @@ def test_model_moved_to_another_dtype_is_captured_again(make_run, batches) -> No
 
 
 def test_optimizer_state_cleared_by_hand_is_captured_again(make_run, batches, same) -> None:
-    step, got = _change_after_capture(make_run, batches, same, lambda run: run.optimizer.state.clear())
+    step, got = _change_after_capture(
+        make_run, batches, same, lambda run: run.optimizer.state.clear()
+    )
     assert step.stats.captures == 2 and got.states[14] == "warmup"
     assert step.findings[0].code is Code.OPTIMIZER_STATE_REPLACED
 
@@ -173,7 +181,9 @@ def test_capture_waits_for_a_capturable_iteration_at_the_capture_call(make_run, 
             recorded_at.append(counter.count + 1)  # the forward about to be recorded
         return run.step(x, y)
 
-    step = ddpgraph.capture_step(step_fn, model=run.model, optimizer=run.optimizer, backend=backend, warmup_steps=97)
+    step = ddpgraph.capture_step(
+        step_fn, model=run.model, optimizer=run.optimizer, backend=backend, warmup_steps=97
+    )
     data = batches(105)
     for x, y in data[:97]:
         step(x, y)  # the probe is call 97: capture would come at forward 98

@@ -76,7 +76,9 @@ def _sgd_changed_at_14(make_run, batches, same, key: str, value: float, calls: i
     return step, got.states, _graph_warnings(caught)
 
 
-def test_python_dampening_changed_after_capture_falls_back_to_eager(make_run, batches, same) -> None:
+def test_python_dampening_changed_after_capture_falls_back_to_eager(
+    make_run, batches, same
+) -> None:
     step, states, warned = _sgd_changed_at_14(make_run, batches, same, "dampening", 0.5, 18)
     assert states == ["warmup"] * 11 + ["captured"] * 3 + ["eager"] * 4
     reason = step.reason

@@ -33,9 +33,13 @@ class Once:
 
 @pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize(
-    "error", [KeyboardInterrupt(), SystemExit(3), ValueError("bad batch")], ids=["interrupt", "exit", "own"]
+    "error",
+    [KeyboardInterrupt(), SystemExit(3), ValueError("bad batch")],
+    ids=["interrupt", "exit", "own"],
 )
-def test_what_the_step_raises_while_recorded_reaches_the_caller(make_run, batches, same, kind: str, error: BaseException) -> None:
+def test_what_the_step_raises_while_recorded_reaches_the_caller(
+    make_run, batches, same, kind: str, error: BaseException
+) -> None:
     data = batches(16)
     ref = make_run(graph_safe=True, fused=True)
     expected = ref.train(data)

@@ -25,7 +25,9 @@ class FakeGraph:
 
     begun: ClassVar[list[tuple[str, str]]] = []
 
-    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global", **kwargs: Any) -> None:
+    def capture_begin(
+        self, pool: Any = None, capture_error_mode: str = "global", **kwargs: Any
+    ) -> None:
         FakeGraph.begun.append((threading.current_thread().name, capture_error_mode))
 
     def capture_end(self) -> None:
@@ -51,7 +53,9 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: FakeStream())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: nullcontext())
     monkeypatch.setattr(torch.cuda, "device", lambda d: nullcontext())
-    monkeypatch.setattr(backends, "release_after_failed_capture", lambda device, generators: lambda: None)
+    monkeypatch.setattr(
+        backends, "release_after_failed_capture", lambda device, generators: lambda: None
+    )
     return FakeGraph.begun
 
 
@@ -62,12 +66,16 @@ def test_the_whole_step_is_recorded_in_thread_local_mode(fake_cuda: list[tuple[s
     assert CAPTURE_ERROR_MODE == "thread_local"
 
 
-def test_partial_capture_records_its_graphs_in_the_same_mode(fake_cuda: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_partial_capture_records_its_graphs_in_the_same_mode(
+    fake_cuda: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # make_graphed_callables begins its graphs through `torch.cuda.graph`, in the default
     # mode: inside ddpgraph's grapher that default is thread_local.
     def make_graphed_callables(module: Any, sample_args: Any, **kwargs: Any) -> Any:
         torch.cuda.CUDAGraph().capture_begin(None)  # forward graph
-        torch.cuda.CUDAGraph().capture_begin(None, capture_error_mode="global")  # as torch.cuda.graph passes it
+        torch.cuda.CUDAGraph().capture_begin(
+            None, capture_error_mode="global"
+        )  # as torch.cuda.graph passes it
         return module
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", make_graphed_callables)
@@ -77,7 +85,9 @@ def test_partial_capture_records_its_graphs_in_the_same_mode(fake_cuda: list[tup
     assert fake_cuda[-1][1] == "global", "outside the grapher PyTorch's default is left alone"
 
 
-def test_the_default_mode_changes_only_for_this_thread_and_only_the_default(fake_cuda: list[tuple[str, str]]) -> None:
+def test_the_default_mode_changes_only_for_this_thread_and_only_the_default(
+    fake_cuda: list[tuple[str, str]],
+) -> None:
     def other_thread() -> None:
         torch.cuda.CUDAGraph().capture_begin(None)
 
@@ -88,4 +98,7 @@ def test_the_default_mode_changes_only_for_this_thread_and_only_the_default(fake
         thread.join()
     assert fake_cuda == [(threading.current_thread().name, "relaxed"), ("other", "global")]
     assert "capture_begin" in vars(FakeGraph), "the class's own method is put back"
-    assert FakeGraph.capture_begin.__name__ == "capture_begin" and FakeGraph.capture_begin.__qualname__.startswith("FakeGraph")
+    assert (
+        FakeGraph.capture_begin.__name__ == "capture_begin"
+        and FakeGraph.capture_begin.__qualname__.startswith("FakeGraph")
+    )

@@ -27,7 +27,9 @@ def _typed(groups: list[dict[str, Any]]) -> list[dict[str, tuple[type, Any]]]:
     return [{k: (type(v), v) for k, v in g.items()} for g in groups]
 
 
-def test_optimizer_keeps_floats_flags_and_defaults_and_close_gives_it_back_as_given(make_run, batches) -> None:
+def test_optimizer_keeps_floats_flags_and_defaults_and_close_gives_it_back_as_given(
+    make_run, batches
+) -> None:
     plain = make_run()
     plain.train(batches(15))
     run = make_run()
@@ -45,7 +47,10 @@ def test_optimizer_keeps_floats_flags_and_defaults_and_close_gives_it_back_as_gi
     step.close()
     assert _typed(_groups(opt))[0].keys() == _typed(given_groups)[0].keys()
     expected = _typed(given_groups)
-    expected[0]["lr"] = (float, run.scheduler.get_last_lr()[0])  # the schedule moved it, as eager does
+    expected[0]["lr"] = (
+        float,
+        run.scheduler.get_last_lr()[0],
+    )  # the schedule moved it, as eager does
     assert _typed(_groups(opt)) == expected
     assert opt.defaults == given_defaults
     assert set(vars(opt)) == set(vars(plain.optimizer))  # no attribute left behind
@@ -61,7 +66,9 @@ def _linear(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
 
 
 @pytest.mark.parametrize("schedule", [_exponential, _linear], ids=["ExponentialLR", "LinearLR"])
-def test_chainable_schedules_compute_exactly_what_they_compute_without_ddpgraph(make_run, batches, schedule) -> None:
+def test_chainable_schedules_compute_exactly_what_they_compute_without_ddpgraph(
+    make_run, batches, schedule
+) -> None:
     run = make_run(schedule=schedule, lr=3e-4)
     plain_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=3e-4)
     plain = schedule(plain_opt)
@@ -104,7 +111,9 @@ def _checkpoint_from(kind: str, make_run, batches) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("kind", ["ordinary", "graphed", "other_structure"])
-def test_checkpoint_from_anywhere_loads_into_a_live_captured_step(make_run, batches, same, kind: str) -> None:
+def test_checkpoint_from_anywhere_loads_into_a_live_captured_step(
+    make_run, batches, same, kind: str
+) -> None:
     saved = _checkpoint_from(kind, make_run, batches)
     data = batches(22)
 
@@ -182,4 +191,6 @@ def test_momentum_cycling_keeps_the_graph_where_the_kernel_reads_it_from_a_tenso
     assert got.losses == expected.losses
     assert same(run.params(), ref.params())
     value = run.optimizer.param_groups[0][key]
-    assert not isinstance(value, torch.Tensor) and not any(isinstance(v, torch.Tensor) for v in (value if isinstance(value, tuple) else ()))
+    assert not isinstance(value, torch.Tensor) and not any(
+        isinstance(v, torch.Tensor) for v in (value if isinstance(value, tuple) else ())
+    )

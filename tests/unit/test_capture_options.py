@@ -40,7 +40,9 @@ def test_capture_step_has_one_parameter_list() -> None:
 
 def test_keywords_make_the_options_with_the_same_defaults() -> None:
     assert merge_settings("capture_step", None, {}) == CaptureOptions()
-    made = merge_settings("capture_step", None, {"warmup_steps": 5, "agree_every": None, "generators": []})
+    made = merge_settings(
+        "capture_step", None, {"warmup_steps": 5, "agree_every": None, "generators": []}
+    )
     assert made == CaptureOptions(warmup_steps=5, agree_every=DEFAULT_AGREE_EVERY, generators=())
 
 
@@ -81,7 +83,9 @@ def test_every_entry_point_takes_options() -> None:
     options = CaptureOptions(warmup_steps=2, backend=ddpgraph.PassThroughBackend())
     with capture_step(lambda x: model(x).sum(), model=model, options=options) as step:
         assert step._options == options
-    with make_step(lambda x: model(x).sum(), model=model, strategy="eager", options=options) as eager:
+    with make_step(
+        lambda x: model(x).sum(), model=model, strategy="eager", options=options
+    ) as eager:
         assert eager.state is ddpgraph.StepState.EAGER
     evaluate = capture_eval(lambda x: model(x), model=model, options=options)
     assert evaluate._options.warmup_steps == 2 and evaluate._options.backend is options.backend

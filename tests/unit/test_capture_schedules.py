@@ -21,7 +21,9 @@ from ddpgraph import Code, RecordingBackend
 LRScheduler = torch.optim.lr_scheduler.LRScheduler
 
 
-def _quiet_train(run: Any, data: Any, step: Any, before: Callable[[int], None] | None = None) -> Any:
+def _quiet_train(
+    run: Any, data: Any, step: Any, before: Callable[[int], None] | None = None
+) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a fallback's warning, where one is expected
         return run.train(data, step, before=before)
@@ -49,9 +51,16 @@ def _chained(opt: torch.optim.Optimizer) -> LRScheduler:
         (torch.optim.SGD, _one_cycle, {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-4}),
         (torch.optim.SGD, _chained, {"momentum": 0.9, "dampening": 0.1}),
     ],
-    ids=["AdamW-OneCycleLR", "Adam-amsgrad-CyclicLR", "SGD-nesterov-OneCycleLR", "SGD-ChainedScheduler"],
+    ids=[
+        "AdamW-OneCycleLR",
+        "Adam-amsgrad-CyclicLR",
+        "SGD-nesterov-OneCycleLR",
+        "SGD-ChainedScheduler",
+    ],
 )
-def test_a_cycled_momentum_stays_captured_and_equals_eager(make_run, batches, same, optimizer, schedule, kw) -> None:
+def test_a_cycled_momentum_stays_captured_and_equals_eager(
+    make_run, batches, same, optimizer, schedule, kw
+) -> None:
     data = batches(20)
     ref = make_run(optimizer=optimizer, schedule=schedule, graph_safe=True, **kw)
     expected = ref.train(data)
@@ -64,9 +73,13 @@ def test_a_cycled_momentum_stays_captured_and_equals_eager(make_run, batches, sa
     assert same(run.params(), ref.params())
     key = "betas" if optimizer is not torch.optim.SGD else "momentum"
     value = run.optimizer.param_groups[0][key]
-    assert not isinstance(value, torch.Tensor) and not any(isinstance(v, torch.Tensor) for v in (value if isinstance(value, tuple) else ()))
+    assert not isinstance(value, torch.Tensor) and not any(
+        isinstance(v, torch.Tensor) for v in (value if isinstance(value, tuple) else ())
+    )
     step.close()
-    assert "step" not in run.optimizer.__dict__ or getattr(run.optimizer.step, "_wrapped_by_lr_sched", False)
+    assert "step" not in run.optimizer.__dict__ or getattr(
+        run.optimizer.step, "_wrapped_by_lr_sched", False
+    )
 
 
 @pytest.mark.parametrize(
@@ -86,7 +99,9 @@ def test_adamw_as_written_records_on_cpu(make_run, batches, same, kw) -> None:
     assert run.optimizer.param_groups[0]["fused"] == kw.get("fused")  # as written
 
 
-def test_a_checkpoint_whose_fused_is_none_keeps_the_step_recordable(make_run, batches, same) -> None:
+def test_a_checkpoint_whose_fused_is_none_keeps_the_step_recordable(
+    make_run, batches, same
+) -> None:
     saved = make_run().optimizer.state_dict()  # a plain AdamW's: `fused=None`
     assert saved["param_groups"][0]["fused"] is None
 
@@ -112,7 +127,9 @@ def _with_list_betas(run: Any) -> Any:
     return run
 
 
-def _list_changed_at_14(make_run: Any, batches: Any, same: Any, index: int, value: float) -> tuple[Any, Any]:
+def _list_changed_at_14(
+    make_run: Any, batches: Any, same: Any, index: int, value: float
+) -> tuple[Any, Any]:
     """Train with list betas whose element `index` is set to `value` in place at call
     15 (after capture), captured and eagerly with the same settings; equal bit for bit."""
 

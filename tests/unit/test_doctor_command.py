@@ -14,7 +14,9 @@ from ddpgraph.doctor.env import SCHEMA, collect, parse_version, relevant_variabl
 
 
 def test_script_arguments_pass_through_untouched() -> None:
-    args = build_parser().parse_args(["doctor", "--nproc", "2", "train.py", "--json", "--lr", "3e-4", "-x"])
+    args = build_parser().parse_args(
+        ["doctor", "--nproc", "2", "train.py", "--json", "--lr", "3e-4", "-x"]
+    )
     assert (args.nproc, args.json, args.script) == (2, False, "train.py")
     assert args.script_args == ["--json", "--lr", "3e-4", "-x"]
 
@@ -30,7 +32,9 @@ def test_script_arguments_pass_through_untouched() -> None:
         (["doctor", "--timeout", "0", __file__], "expected seconds > 0"),
     ],
 )
-def test_usage_errors_exit_2(argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_usage_errors_exit_2(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "[INVALID_ARGUMENT]" in err and expected in err and "HINT:" in err
@@ -47,7 +51,10 @@ def test_env_json_on_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
     data = json.loads(capsys.readouterr().out)
     assert data["schema"] == SCHEMA
     assert data["versions"]["torch"] == str(torch.__version__)
-    assert {f["name"] for f in data["features"]} >= {"CUDA graphs", "NCCL collectives inside graphs"}
+    assert {f["name"] for f in data["features"]} >= {
+        "CUDA graphs",
+        "NCCL collectives inside graphs",
+    }
     codes = [f["code"] for f in data["findings"]]
     # As for a script: NO_CUDA alone means nothing could be checked (3).
     assert status == (3 if codes == [Code.NO_CUDA.value] else 1 if codes else 0)
@@ -77,9 +84,15 @@ def test_parse_version() -> None:
 
 
 def test_relevant_variables() -> None:
-    env = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_BLOCKING_WAIT": "1", "CUDA_LAUNCH_BLOCKING": "1",
-           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
-           "HOME": "/root", "PATH": "/bin"}
+    env = {
+        "NCCL_DEBUG": "INFO",
+        "TORCH_NCCL_BLOCKING_WAIT": "1",
+        "CUDA_LAUNCH_BLOCKING": "1",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+        "HOME": "/root",
+        "PATH": "/bin",
+    }
     assert set(relevant_variables(env)) == set(env) - {"HOME", "PATH"}
 
 

@@ -29,14 +29,18 @@ DDP_AT = Location("train.py", 10, "ddp = DDP(model)")
 CALL_AT = Location("train.py", 30, "loss = step(x, y)")
 INVALIDATED = RuntimeError("CUDA error: operation failed due to a previous error during capture")
 WARNING = f"The {STREAM_WARNING} the stream of the node that produced the incoming gradient."
-ITEM = SyncEvent([traceback.FrameSummary(os.path.abspath("train.py"), 42, "step", line="total += loss.item()")])
+ITEM = SyncEvent(
+    [traceback.FrameSummary(os.path.abspath("train.py"), 42, "step", line="total += loss.item()")]
+)
 
 
 class FakeGraph:
     """Stands in for torch.cuda.CUDAGraph: only its identity matters."""
 
 
-def captured_graph(built_on: StreamInfo | None, *, ddp: bool = True, backward_stream: StreamInfo | None = None) -> Graph:
+def captured_graph(
+    built_on: StreamInfo | None, *, ddp: bool = True, backward_stream: StreamInfo | None = None
+) -> Graph:
     graph = Graph(1, Location("train.py", 20, "with torch.cuda.graph(g):"), SIDE, backward_stream)
     if ddp:
         graph.forwards.append(DdpForward(DdpModel(DDP_AT, built_on), 12, 11))
@@ -62,8 +66,12 @@ def test_ddp_built_on_the_default_stream_is_the_cause() -> None:
 
 
 def test_without_ddp_the_first_backwards_stream_decides() -> None:
-    on_side = capture_failure_findings(captured_graph(None, ddp=False, backward_stream=SIDE), [INVALIDATED], [ITEM])
-    on_default = capture_failure_findings(captured_graph(None, ddp=False, backward_stream=DEFAULT), [INVALIDATED], [])
+    on_side = capture_failure_findings(
+        captured_graph(None, ddp=False, backward_stream=SIDE), [INVALIDATED], [ITEM]
+    )
+    on_default = capture_failure_findings(
+        captured_graph(None, ddp=False, backward_stream=DEFAULT), [INVALIDATED], []
+    )
     unknown = capture_failure_findings(captured_graph(None, ddp=False), [INVALIDATED], [])
     assert codes(on_side) == [Code.HOST_SYNC_IN_CAPTURE]
     assert codes(on_default) == [Code.DDP_STREAM_MISMATCH]
@@ -93,7 +101,9 @@ def test_a_ddpgraph_error_keeps_its_code() -> None:
 
 def test_a_step_that_gave_up_is_reported_once_with_the_users_line() -> None:
     rec = Recorder()
-    sync = Finding(Code.HOST_SYNC_IN_CAPTURE, "x waits", location=Location("model.py", 5, "x.item()"))
+    sync = Finding(
+        Code.HOST_SYNC_IN_CAPTURE, "x waits", location=Location("model.py", 5, "x.item()")
+    )
     rec.ddpgraph_gave_up(sync, CALL_AT)
     rec.ddpgraph_gave_up(sync, CALL_AT)
     [finding] = rec.findings
@@ -103,7 +113,9 @@ def test_a_step_that_gave_up_is_reported_once_with_the_users_line() -> None:
 def test_a_few_odd_batches_run_eagerly_are_no_finding() -> None:
     rec = Recorder()
     rec.counts.replays = 40
-    rec.unserved_call(Finding(Code.INPUT_SIGNATURE_CHANGED, "args[0] changed from (8, 32) to (5, 32)"), CALL_AT)
+    rec.unserved_call(
+        Finding(Code.INPUT_SIGNATURE_CHANGED, "args[0] changed from (8, 32) to (5, 32)"), CALL_AT
+    )
     rec.script_ended()
     assert rec.findings == []
 
@@ -122,7 +134,9 @@ def test_a_graph_that_serves_fewer_calls_than_run_eagerly_is_reported() -> None:
 
 def test_a_step_called_in_eval_mode_is_reported_at_once() -> None:
     rec = Recorder()
-    rec.unserved_call(Finding(Code.MODEL_MODE_CHANGED, "captured in train mode, called in eval mode"), CALL_AT)
+    rec.unserved_call(
+        Finding(Code.MODEL_MODE_CHANGED, "captured in train mode, called in eval mode"), CALL_AT
+    )
     assert [(f.code, f.location) for f in rec.findings] == [(Code.MODEL_MODE_CHANGED, CALL_AT)]
 
 
@@ -152,7 +166,9 @@ def test_an_ordinary_error_without_a_gpu_is_still_a_script_failure() -> None:
 
 def test_a_step_that_ran_eagerly_for_want_of_cuda_is_no_cuda() -> None:
     rec = Recorder()
-    rec.ddpgraph_gave_up(Finding(Code.NO_CUDA, "CUDA is not available; the step runs eagerly"), CALL_AT)
+    rec.ddpgraph_gave_up(
+        Finding(Code.NO_CUDA, "CUDA is not available; the step runs eagerly"), CALL_AT
+    )
     [finding] = rec.findings
     assert finding.code is Code.NO_CUDA and finding.location == CALL_AT
     assert "nothing was checked because there is no GPU" in finding.happened
@@ -160,7 +176,8 @@ def test_a_step_that_ran_eagerly_for_want_of_cuda_is_no_cuda() -> None:
 
 def _report(*findings: Finding) -> RunResult:
     records = [
-        RankRecord(r, 2, 0, RankStatus.FINISHED, 0, list(findings), GraphCounts(), GraphCounts()) for r in (0, 1)
+        RankRecord(r, 2, 0, RankStatus.FINISHED, 0, list(findings), GraphCounts(), GraphCounts())
+        for r in (0, 1)
     ]
     return RunResult(records, 0, False, 1.0)
 
@@ -183,9 +200,14 @@ def test_the_terminal_report_says_plainly_that_nothing_was_checked() -> None:
 
     out = io.StringIO()
     no_gpu = Finding(Code.NO_CUDA, "nothing was checked because there is no GPU", location=CALL_AT)
-    render(build_report("t.py", [], 2, 60, _report(no_gpu)), Console(file=out, width=120, markup=False, highlight=False))
+    render(
+        build_report("t.py", [], 2, 60, _report(no_gpu)),
+        Console(file=out, width=120, markup=False, highlight=False),
+    )
     text = out.getvalue()
-    assert "Nothing was checked because there is no GPU." in text and "No problems found" not in text
+    assert (
+        "Nothing was checked because there is no GPU." in text and "No problems found" not in text
+    )
 
 
 def test_a_syntax_error_is_located_at_its_own_line() -> None:

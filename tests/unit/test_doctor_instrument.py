@@ -94,7 +94,10 @@ def test_body_error_and_end_error_are_diagnosed_together(inst: Instrumentation) 
         raise RuntimeError(UNSUPPORTED)  # the line the finding names
     [finding] = inst.recorder.findings
     assert finding.code is Code.HOST_SYNC_IN_CAPTURE
-    assert finding.location is not None and "raise RuntimeError(UNSUPPORTED)" in finding.location.source
+    assert (
+        finding.location is not None
+        and "raise RuntimeError(UNSUPPORTED)" in finding.location.source
+    )
     inst.recorder.script_error(info.value)  # the script then dies of it: nothing new
     assert len(inst.recorder.findings) == 1
 
@@ -125,7 +128,10 @@ def test_float_lr_changed_after_capture_points_at_the_optimizer(inst: Instrument
         sched.step()
     [finding] = inst.recorder.findings
     assert finding.code is Code.LR_BAKED_INTO_GRAPH
-    assert finding.location is not None and "torch.optim.SGD(ddp.parameters(), lr=0.1)" in finding.location.source
+    assert (
+        finding.location is not None
+        and "torch.optim.SGD(ddp.parameters(), lr=0.1)" in finding.location.source
+    )
 
 
 def test_load_state_dict_after_capture_is_seen_at_the_next_replay(inst: Instrumentation) -> None:
@@ -134,7 +140,9 @@ def test_load_state_dict_after_capture_is_seen_at_the_next_replay(inst: Instrume
     x = torch.randn(3, 4)
     train(ddp, opt, x, 11)
     saved = {k: v for k, v in opt.state_dict().items()}
-    saved = torch.utils._pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, saved)
+    saved = torch.utils._pytree.tree_map(
+        lambda v: v.clone() if isinstance(v, torch.Tensor) else v, saved
+    )
     graph = FakeGraph(inst)
     with graph:
         train(ddp, opt, x, 1)

@@ -13,14 +13,23 @@ def report(*findings: tuple[str, list[int], int | None]) -> dict[str, Any]:
     return {
         "exit_code": 1 if findings else 0,
         "findings": [
-            {"code": c, "ranks": r, "location": None if line is None else {"file": "/w/x.py", "line": line}}
+            {
+                "code": c,
+                "ranks": r,
+                "location": None if line is None else {"file": "/w/x.py", "line": line},
+            }
             for c, r, line in findings
         ],
     }
 
 
 def test_a_right_finding_on_every_rank() -> None:
-    s = score_report("x.py", report(("HOST_SYNC_IN_CAPTURE", [0, 1], 12)), [Expected("HOST_SYNC_IN_CAPTURE", None, 12)], 2)
+    s = score_report(
+        "x.py",
+        report(("HOST_SYNC_IN_CAPTURE", [0, 1], 12)),
+        [Expected("HOST_SYNC_IN_CAPTURE", None, 12)],
+        2,
+    )
     assert (s.right, s.wrong, s.missed) == (1, 0, 0)
 
 
@@ -35,21 +44,36 @@ def test_an_extra_cause_is_wrong_and_a_finding_on_too_few_ranks_misses() -> None
 
 
 def test_the_wrong_line_is_wrong_and_missed() -> None:
-    s = score_report("x.py", report(("SCRIPT_FAILED", [0, 1], 13)), [Expected("SCRIPT_FAILED", None, 12)], 2)
+    s = score_report(
+        "x.py", report(("SCRIPT_FAILED", [0, 1], 13)), [Expected("SCRIPT_FAILED", None, 12)], 2
+    )
     assert (s.right, s.wrong, s.missed) == (0, 1, 1)
 
 
 def test_a_line_of_another_file_is_not_the_marked_line() -> None:
-    elsewhere = {"exit_code": 1, "findings": [{"code": "SCRIPT_FAILED", "ranks": [0], "location": {"file": "/w/common.py", "line": 12}}]}
+    elsewhere = {
+        "exit_code": 1,
+        "findings": [
+            {
+                "code": "SCRIPT_FAILED",
+                "ranks": [0],
+                "location": {"file": "/w/common.py", "line": 12},
+            }
+        ],
+    }
     s = score_report("x.py", elsewhere, [Expected("SCRIPT_FAILED", None, 12)], 1)
     assert (s.right, s.wrong, s.missed) == (0, 1, 1)
 
 
 def test_rank_specific_marks_and_any_line() -> None:
     expected = [Expected("SCRIPT_TIMED_OUT", 0, 5), Expected("SCRIPT_TIMED_OUT", 1, 7)]
-    s = score_report("x.py", report(("SCRIPT_TIMED_OUT", [0], 5), ("SCRIPT_TIMED_OUT", [1], 7)), expected, 2)
+    s = score_report(
+        "x.py", report(("SCRIPT_TIMED_OUT", [0], 5), ("SCRIPT_TIMED_OUT", [1], 7)), expected, 2
+    )
     assert (s.right, s.wrong, s.missed) == (2, 0, 0)
-    anywhere = score_report("x.py", report(("NO_CUDA", [0, 1], 40)), [Expected("NO_CUDA", None, None)], 2)
+    anywhere = score_report(
+        "x.py", report(("NO_CUDA", [0, 1], 40)), [Expected("NO_CUDA", None, None)], 2
+    )
     assert (anywhere.right, anywhere.wrong, anywhere.missed) == (1, 0, 0)
     assert totals([s, anywhere])["precision"] == 1.0
 

@@ -23,7 +23,9 @@ from ddpgraph.doctor.threads import ThreadWatch
 from ddpgraph.findings import Location
 
 CAPTURE_AT = Location("train.py", 30, "with torch.cuda.graph(g, stream=s):")
-LOADER_AT = Location("train.py", 12, "loader = DataLoader(data, batch_size=64, num_workers=4, pin_memory=True)")
+LOADER_AT = Location(
+    "train.py", 12, "loader = DataLoader(data, batch_size=64, num_workers=4, pin_memory=True)"
+)
 INVALIDATED = RuntimeError("CUDA error: operation failed due to a previous error during capture")
 PIN_THREAD = ThreadCall(
     "Thread-3 (_pin_memory_loop)",
@@ -39,7 +41,9 @@ class FakeGraph:
     """Stands in for torch.cuda.CUDAGraph: only its identity matters."""
 
 
-def _captured(rec: Recorder, mode: str, calls: list[ThreadCall], errors: list[BaseException]) -> None:
+def _captured(
+    rec: Recorder, mode: str, calls: list[ThreadCall], errors: list[BaseException]
+) -> None:
     graph = FakeGraph()
     rec.capture_begin(graph, CAPTURE_AT, StreamInfo(7, False), mode=mode)
     for call in calls:
@@ -55,17 +59,32 @@ def test_a_pin_memory_thread_in_a_global_capture_is_the_cause() -> None:
     [finding] = rec.findings
     assert finding.code is Code.OTHER_THREAD_IN_CAPTURE and finding.location == CAPTURE_AT
     assert "pin-memory thread of the DataLoader built at train.py:12" in finding.happened
-    assert "`Thread-3 (_pin_memory_loop)`" in finding.happened and "`Tensor.pin_memory`" in finding.happened
+    assert (
+        "`Thread-3 (_pin_memory_loop)`" in finding.happened
+        and "`Tensor.pin_memory`" in finding.happened
+    )
     assert finding.happened.count("pin-memory thread") == 1  # one call per thread and entry point
-    assert 'capture_error_mode="thread_local"' in finding.fix and "`ddpgraph.capture_step`" in finding.fix
+    assert (
+        'capture_error_mode="thread_local"' in finding.fix
+        and "`ddpgraph.capture_step`" in finding.fix
+    )
 
 
 def test_a_user_thread_is_named_by_its_name_target_and_line() -> None:
     rec = Recorder()
-    poll = ThreadCall("poller", "train.poll", "`torch.cuda.Event.query`", "queries an event (`cudaEventQuery`)", Location("train.py", 50, "done = ev.query()"))
+    poll = ThreadCall(
+        "poller",
+        "train.poll",
+        "`torch.cuda.Event.query`",
+        "queries an event (`cudaEventQuery`)",
+        Location("train.py", 50, "done = ev.query()"),
+    )
     _captured(rec, "global", [poll], [INVALIDATED])
     [finding] = rec.findings
-    assert "thread `poller` (running `train.poll`) called `torch.cuda.Event.query` at train.py:50" in finding.happened
+    assert (
+        "thread `poller` (running `train.poll`) called `torch.cuda.Event.query` at train.py:50"
+        in finding.happened
+    )
 
 
 @pytest.mark.parametrize("mode", ["thread_local", "relaxed"])
@@ -119,7 +138,9 @@ def poll_events() -> None:
     torch.cuda.synchronize()
 
 
-def test_another_threads_call_during_a_capture_is_recorded(watched: tuple[Recorder, ThreadWatch]) -> None:
+def test_another_threads_call_during_a_capture_is_recorded(
+    watched: tuple[Recorder, ThreadWatch],
+) -> None:
     rec, _ = watched
     graph = FakeGraph()
     _in_thread(poll_events, "before")  # no capture open: nothing
@@ -131,7 +152,10 @@ def test_another_threads_call_during_a_capture_is_recorded(watched: tuple[Record
     rec.capture_end(graph, [INVALIDATED])
     [finding] = rec.findings
     assert finding.code is Code.OTHER_THREAD_IN_CAPTURE
-    assert "thread `poller` (running `" in finding.happened and "`torch.cuda.synchronize`" in finding.happened
+    assert (
+        "thread `poller` (running `" in finding.happened
+        and "`torch.cuda.synchronize`" in finding.happened
+    )
     assert "test_doctor_threads.py:" in finding.happened  # the line in poll_events
     assert "before" not in finding.happened and "copier" not in finding.happened
 
@@ -148,7 +172,9 @@ class FakeIterator:
         self._pin_memory_thread = threading.Thread(target=pin_loop, name="Thread-9 (pin_loop)")
 
 
-def test_a_pin_memory_thread_is_named_by_where_its_dataloader_was_built(watched: tuple[Recorder, ThreadWatch]) -> None:
+def test_a_pin_memory_thread_is_named_by_where_its_dataloader_was_built(
+    watched: tuple[Recorder, ThreadWatch],
+) -> None:
     rec, watch = watched
     data = TensorDataset(torch.randn(8, 3))
     loader = DataLoader(data, batch_size=4)  # the line the finding names
@@ -167,7 +193,9 @@ def test_a_pin_memory_thread_is_named_by_where_its_dataloader_was_built(watched:
     assert "`Thread-9 (pin_loop)`" in finding.happened
 
 
-def test_a_dataloader_with_workers_runs_as_usual_under_the_watch(watched: tuple[Recorder, ThreadWatch]) -> None:
+def test_a_dataloader_with_workers_runs_as_usual_under_the_watch(
+    watched: tuple[Recorder, ThreadWatch],
+) -> None:
     data = TensorDataset(torch.arange(12.0).reshape(6, 2))
     loader = DataLoader(data, batch_size=2, num_workers=2)
     assert [b[0][:, 0].tolist() for b in loader] == [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]]
@@ -175,9 +203,15 @@ def test_a_dataloader_with_workers_runs_as_usual_under_the_watch(watched: tuple[
 
 @pytest.mark.parametrize(
     ("args", "kwargs", "mode"),
-    [((), {}, "global"), ((), {"capture_error_mode": "thread_local"}, "thread_local"), ((None, "relaxed"), {}, "relaxed")],
+    [
+        ((), {}, "global"),
+        ((), {"capture_error_mode": "thread_local"}, "thread_local"),
+        ((None, "relaxed"), {}, "relaxed"),
+    ],
 )
-def test_the_capture_mode_is_read_from_capture_begins_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], mode: str) -> None:
+def test_the_capture_mode_is_read_from_capture_begins_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], mode: str
+) -> None:
     # As torch.cuda.graph (keyword) and a hand-written capture_begin (either) pass it.
     from ddpgraph.doctor.instrument import Instrumentation
 

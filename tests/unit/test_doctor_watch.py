@@ -111,10 +111,15 @@ def test_writes_are_not_watched_before_a_capture(inst: Instrumentation) -> None:
 def test_a_captured_step_without_a_gpu_is_no_cuda(inst: Instrumentation) -> None:
     ddp = DDP(nn.Linear(4, 2))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    step = ddpgraph.capture_step(lambda x: F.mse_loss(ddp(x), torch.zeros(3, 2)), model=ddp, optimizer=opt)
+    step = ddpgraph.capture_step(
+        lambda x: F.mse_loss(ddp(x), torch.zeros(3, 2)), model=ddp, optimizer=opt
+    )
     step(torch.randn(3, 4))
     [finding] = inst.recorder.findings
-    assert finding.code is Code.NO_CUDA and "nothing was checked because there is no GPU" in finding.happened
+    assert (
+        finding.code is Code.NO_CUDA
+        and "nothing was checked because there is no GPU" in finding.happened
+    )
     assert finding.location is not None and "ddpgraph.capture_step(" in finding.location.source
 
 
@@ -128,10 +133,14 @@ def _step_on_stand_in(ddp: nn.Module) -> Any:
         opt.step()
         return loss.detach()
 
-    return ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, backend=ddpgraph.PassThroughBackend())
+    return ddpgraph.capture_step(
+        train_step, model=ddp, optimizer=opt, backend=ddpgraph.PassThroughBackend()
+    )
 
 
-def test_calls_the_graph_cannot_serve_are_counted_and_eval_mode_is_reported(inst: Instrumentation) -> None:
+def test_calls_the_graph_cannot_serve_are_counted_and_eval_mode_is_reported(
+    inst: Instrumentation,
+) -> None:
     ddp = DDP(nn.Linear(4, 2))
     step = _step_on_stand_in(ddp)
     with pytest.warns(ddpgraph.DdpGraphWarning):

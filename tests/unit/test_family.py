@@ -26,7 +26,9 @@ def _graph_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
 
 
-def _train_against_eager(make_run: Any, batches: Any, same: Any, **kw: Any) -> tuple[Any, list[str]]:
+def _train_against_eager(
+    make_run: Any, batches: Any, same: Any, **kw: Any
+) -> tuple[Any, list[str]]:
     """Train with `capture_step(**kw)` and eagerly on the same batches; assert they are
     equal bit for bit; return the step and the ddpgraph warnings."""
     data = _data(batches)
@@ -56,14 +58,18 @@ def test_each_signature_gets_its_graph_and_training_equals_eager(make_run, batch
     assert step.state is StepState.CAPTURED
 
 
-def test_beyond_max_graphs_the_least_recently_used_graph_is_released(make_run, batches, same) -> None:
+def test_beyond_max_graphs_the_least_recently_used_graph_is_released(
+    make_run, batches, same
+) -> None:
     step, _ = _train_against_eager(make_run, batches, same, max_graphs=2)
     s = step.stats
     assert s.graphs == 2 and s.evictions > 0 and s.captures == 2 + s.evictions
 
 
 def test_beyond_max_graphs_eager_keeps_the_first_graphs(make_run, batches, same) -> None:
-    step, [message] = _train_against_eager(make_run, batches, same, max_graphs=2, beyond_max_graphs="eager")
+    step, [message] = _train_against_eager(
+        make_run, batches, same, max_graphs=2, beyond_max_graphs="eager"
+    )
     s = step.stats
     assert (s.graphs, s.captures, s.evictions) == (2, 2, 0)
     assert set(s.replays_per_graph) == {"8x16 8", "5x16 5"}
@@ -90,14 +96,20 @@ class _FailSecond(ddpgraph.PassThroughBackend):
         return graph
 
 
-def test_a_signature_that_fails_to_capture_runs_eagerly_and_the_others_stay(make_run, batches, same) -> None:
-    step, messages = _train_against_eager(make_run, batches, same, max_graphs=3, backend=_FailSecond())
+def test_a_signature_that_fails_to_capture_runs_eagerly_and_the_others_stay(
+    make_run, batches, same
+) -> None:
+    step, messages = _train_against_eager(
+        make_run, batches, same, max_graphs=3, backend=_FailSecond()
+    )
     assert step.state is StepState.CAPTURED
     s = step.stats
     assert s.graphs == 1 and s.captures == 1
     failed, changed = messages[:2], messages[2:]
     assert all("injected failure of an added graph" in m for m in failed)
-    assert [m.split(" ")[0] for m in changed] == ["[INPUT_SIGNATURE_CHANGED]"]  # later calls: warned once
+    assert [m.split(" ")[0] for m in changed] == [
+        "[INPUT_SIGNATURE_CHANGED]"
+    ]  # later calls: warned once
 
 
 @pytest.mark.parametrize(
@@ -112,4 +124,3 @@ def test_family_arguments_are_checked(make_run, kwargs: dict[str, Any], match: s
     run = make_run()
     with pytest.raises(ddpgraph.DdpGraphUsageError, match=match):
         run.capture(**kwargs)
-

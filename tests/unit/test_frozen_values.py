@@ -20,7 +20,9 @@ from ddpgraph.frozen.python_values import ValueWatch, frozen_finding, guard_find
 from ddpgraph.frozen.value_checks import check_interval, doctor_interval
 
 
-def _watch(fn: Any, reference: ValueWatch | None = None, model: nn.Module | None = None) -> ValueWatch:
+def _watch(
+    fn: Any, reference: ValueWatch | None = None, model: nn.Module | None = None
+) -> ValueWatch:
     with watching(ValueWatch(reference.trace if reference else None), model) as watch:
         fn()
     return watch
@@ -50,7 +52,9 @@ def test_the_first_difference_names_the_users_line() -> None:
     second = _watch(step, first)
     where = second.divergence.location if second.divergence else None
     assert where is not None and where.source.endswith("# the line") and where.filename == __file__
-    finding = frozen_finding(second.divergence, [], when="in two calls", later="a replay repeats one")  # type: ignore[arg-type]
+    finding = frozen_finding(
+        second.divergence, [], when="in two calls", later="a replay repeats one"
+    )  # type: ignore[arg-type]
     assert finding.code is Code.FROZEN_PYTHON_VALUE
     assert "`torch.Tensor.mul`" in finding.happened and "1, 2 in two calls" in finding.happened
 
@@ -70,7 +74,10 @@ def test_a_value_made_into_a_tensor_in_the_step_is_seen() -> None:
     value = {"v": 3}
     first = _watch(lambda: torch.ones(2) * torch.tensor(float(value["v"])))
     value["v"] = 4
-    assert _watch(lambda: torch.ones(2) * torch.tensor(float(value["v"])), first).divergence is not None
+    assert (
+        _watch(lambda: torch.ones(2) * torch.tensor(float(value["v"])), first).divergence
+        is not None
+    )
 
 
 def test_optimizer_steps_and_profiler_ranges_leave_one_mark() -> None:
@@ -119,9 +126,16 @@ def _counting_step(run: Any, state: dict[str, Any]) -> Any:
 def test_a_counter_is_refused_at_the_probe_and_nothing_is_lost(make_run, batches, same) -> None:
     data = batches(16)
     ref, ref_state = make_run(graph_safe=True), {"n": 0}
-    ref_losses = ref.train(data, call=lambda x, y: _with(ref, _counting_step(ref, ref_state), x, y)).losses
+    ref_losses = ref.train(
+        data, call=lambda x, y: _with(ref, _counting_step(ref, ref_state), x, y)
+    ).losses
     run, state = make_run(), {"n": 0}
-    step = ddpgraph.capture_step(_counting_step(run, state), model=run.model, optimizer=run.optimizer, backend=RecordingBackend())
+    step = ddpgraph.capture_step(
+        _counting_step(run, state),
+        model=run.model,
+        optimizer=run.optimizer,
+        backend=RecordingBackend(),
+    )
     with pytest.warns(ddpgraph.DdpGraphWarning, match="FROZEN_PYTHON_VALUE"):
         trace = run.train(data, call=step)
     assert step.state is StepState.EAGER and step.reason is not None
@@ -148,7 +162,9 @@ def test_a_step_with_python_state_it_never_passes_stays_captured(make_run, batch
             calls["last"] = calls["n"]
         return run.step(x, y)
 
-    captured = ddpgraph.capture_step(step, model=run.model, optimizer=run.optimizer, backend=RecordingBackend(), verify_every=3)
+    captured = ddpgraph.capture_step(
+        step, model=run.model, optimizer=run.optimizer, backend=RecordingBackend(), verify_every=3
+    )
     run.train(batches(24), call=captured)
     assert captured.state is StepState.CAPTURED and captured.reason is None
     assert captured.stats.value_checks == 4 and captured.stats.captures == 1
@@ -179,7 +195,13 @@ def test_a_flag_flipped_after_capture_is_caught_and_captured_again(make_run, bat
     ref.train(data, call=lambda x, y: _with(ref, ref_fn, x, y), before=flip)
     flags["aux"] = False
     run = make_run(fused=True)
-    step = ddpgraph.capture_step(make(run), model=run.model, optimizer=run.optimizer, backend=RecordingBackend(), verify_every=5)
+    step = ddpgraph.capture_step(
+        make(run),
+        model=run.model,
+        optimizer=run.optimizer,
+        backend=RecordingBackend(),
+        verify_every=5,
+    )
     with pytest.warns(ddpgraph.DdpGraphWarning, match="captured again"):
         trace = run.train(data, call=step, before=flip)
     # Captured on call 12, checked on call 17 (i=16), when the flag flips: that call ran
@@ -204,7 +226,12 @@ def test_on_failure_raise_gives_up_instead(make_run, batches) -> None:
         return loss.detach()
 
     captured = ddpgraph.capture_step(
-        step, model=run.model, optimizer=run.optimizer, backend=RecordingBackend(), verify_every=2, on_failure="raise"
+        step,
+        model=run.model,
+        optimizer=run.optimizer,
+        backend=RecordingBackend(),
+        verify_every=2,
+        on_failure="raise",
     )
     data = batches(20)
     for x, y in data[:14]:
@@ -220,7 +247,13 @@ def test_on_failure_raise_gives_up_instead(make_run, batches) -> None:
 def test_verify_every_must_be_a_positive_int(make_run, bad: object) -> None:
     run = make_run()
     with pytest.raises(DdpGraphUsageError, match="verify_every"):
-        ddpgraph.capture_step(run.step, model=run.model, optimizer=run.optimizer, backend=RecordingBackend(), verify_every=bad)  # type: ignore[arg-type]
+        ddpgraph.capture_step(
+            run.step,
+            model=run.model,
+            optimizer=run.optimizer,
+            backend=RecordingBackend(),
+            verify_every=bad,
+        )  # type: ignore[arg-type]
 
 
 def test_the_doctor_checks_every_step_at_its_own_interval() -> None:

@@ -20,7 +20,8 @@ SUITE = REPO / "scripts" / "gpu_suite.sh"
 
 
 @pytest.mark.parametrize(
-    ("env", "gpus", "world"), [(None, 0, 2), (None, 1, 1), (None, 2, 2), (None, 8, 2), ("1", 2, 1), ("4", 2, 4)]
+    ("env", "gpus", "world"),
+    [(None, 0, 2), (None, 1, 1), (None, 2, 2), (None, 8, 2), ("1", 2, 1), ("4", 2, 4)],
 )
 def test_world_size_follows_the_gpus_present(
     monkeypatch: pytest.MonkeyPatch, env: str | None, gpus: int, world: int
@@ -68,7 +69,9 @@ def test_tests_that_compare_two_ranks_are_marked() -> None:
         marks = _two_rank_tests(path)
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and pair.search(ast.unparse(node)):
-                assert marks[node.name], f"{path.name}::{node.name} compares two ranks but is not marked"
+                assert marks[node.name], (
+                    f"{path.name}::{node.name} compares two ranks but is not marked"
+                )
 
 
 def _stages() -> dict[str, str]:
@@ -82,7 +85,9 @@ def test_every_gpu_test_file_has_a_stage_with_a_limit_under_one_call() -> None:
     files = {str(p.relative_to(REPO)) for p in (REPO / "tests" / "gpu").glob("test_*.py")}
     staged = {v.split("::")[0] for v in stages.values()}
     assert files <= staged, files - staged
-    limits = dict(re.findall(r"\[([\w-]+)\]=(\d+)", SUITE.read_text().split("declare -A LIMIT=(")[1]))
+    limits = dict(
+        re.findall(r"\[([\w-]+)\]=(\d+)", SUITE.read_text().split("declare -A LIMIT=(")[1])
+    )
     for stage in [*stages, "demo", "bench"]:
         if stage != "tests":  # all test files in one run: for machines with time to spare
             assert int(limits[stage]) <= 560, stage  # a call is 600 s, with setup before
@@ -90,8 +95,13 @@ def test_every_gpu_test_file_has_a_stage_with_a_limit_under_one_call() -> None:
 
 def test_unknown_stage_is_refused_before_anything_runs(tmp_path: Path) -> None:
     done = subprocess.run(
-        ["bash", str(SUITE), "tests-everything"], cwd=REPO, env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, timeout=60, check=False,
+        ["bash", str(SUITE), "tests-everything"],
+        cwd=REPO,
+        env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 2 and "unknown stage 'tests-everything'" in done.stderr
     assert list(tmp_path.iterdir()) == []
@@ -103,9 +113,26 @@ def _summary(tmp_path: Path, stage: str, rc: int) -> str:
     out.mkdir(exist_ok=True)
     (debug / "env.txt").write_text("torch 2.11.0+cu130\nworld size 1\n")
     done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "gpu_summary.py"), "--stage", stage, "--debug", str(debug),
-         "--out", str(out), "--rc", str(rc), "--seconds", "541", "--limit", "540"],
-        capture_output=True, text=True, timeout=60, check=True,
+        [
+            sys.executable,
+            str(REPO / "scripts" / "gpu_summary.py"),
+            "--stage",
+            stage,
+            "--debug",
+            str(debug),
+            "--out",
+            str(out),
+            "--rc",
+            str(rc),
+            "--seconds",
+            "541",
+            "--limit",
+            "540",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return done.stdout
 
@@ -131,4 +158,6 @@ def test_summary_without_any_report(tmp_path: Path) -> None:
     assert "no junit report" in _summary(tmp_path, "tests-doctor", 137)
     assert "Demo: no results" in _summary(tmp_path, "demo", 124)
     assert "Benchmark: no results" in _summary(tmp_path, "bench", 0)
-    assert "bench: finished in 541 s (limit 540 s), exit status 0." in _summary(tmp_path, "bench", 0)
+    assert "bench: finished in 541 s (limit 540 s), exit status 0." in _summary(
+        tmp_path, "bench", 0
+    )

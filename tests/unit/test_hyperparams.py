@@ -18,7 +18,9 @@ def _params() -> list[torch.nn.Parameter]:
     return [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
 
 
-def _mirror(opt: Optimizer, keys: tuple[str, ...] = ("lr",), flags: tuple[tuple[str, object], ...] = ()) -> HyperparamMirror:
+def _mirror(
+    opt: Optimizer, keys: tuple[str, ...] = ("lr",), flags: tuple[tuple[str, object], ...] = ()
+) -> HyperparamMirror:
     return HyperparamMirror(opt, [KernelSupport(flags, keys, ())] * len(opt.param_groups), CPU)
 
 
@@ -218,7 +220,9 @@ def test_a_scheduler_assigning_every_step_is_followed_key_by_key() -> None:
     for _ in range(4):
         opt.step()
         sched.step()
-        assert mirror.before_replay() == [] and tensor.item() == pytest.approx(sched.get_last_lr()[0])
+        assert mirror.before_replay() == [] and tensor.item() == pytest.approx(
+            sched.get_last_lr()[0]
+        )
     opt.param_groups[0]["weight_decay"] = float("0.0")  # another object, the same value
     assert mirror.before_replay() == []
     opt.param_groups[0]["lr"], opt.param_groups[0]["weight_decay"] = 0.02, 0.1

@@ -31,7 +31,10 @@ def test_changed_keyword_number_is_about_constants() -> None:
 
 @pytest.mark.parametrize("flag", [True, "mean"])
 def test_changed_flag_or_string_is_about_constants(flag: object) -> None:
-    assert input_change_fix(_change({"mode": flag}, {"mode": not flag if flag is True else "sum"})) == CONSTANT_INPUT_FIX
+    assert (
+        input_change_fix(_change({"mode": flag}, {"mode": not flag if flag is True else "sum"}))
+        == CONSTANT_INPUT_FIX
+    )
 
 
 def test_changed_batch_shape_is_about_batches() -> None:
@@ -42,8 +45,11 @@ def test_changed_batch_shape_is_about_batches() -> None:
 def test_the_replayed_step_gives_the_constant_fix(make_run, batches) -> None:  # type: ignore[no-untyped-def]
     run = make_run()
     step = ddpgraph.capture_step(
-        lambda x, y, *, scale: run.step(x * scale, y), model=run.model, optimizer=run.optimizer,
-        backend=ddpgraph.PassThroughBackend(), on_input_change="raise",
+        lambda x, y, *, scale: run.step(x * scale, y),
+        model=run.model,
+        optimizer=run.optimizer,
+        backend=ddpgraph.PassThroughBackend(),
+        on_input_change="raise",
     )
     data = batches(13)
     for x, y in data[:12]:

@@ -85,9 +85,16 @@ def test_stats_count_every_step_with_capture_steps_types_when_refused(accumulate
     callback = CUDAGraphCallback()
     data = torch.utils.data.DataLoader(torch.randn(40, 4), batch_size=2)
     with pytest.warns(ddpgraph.DdpGraphWarning) if accumulate > 1 else contextlib.nullcontext():
-        _trainer(max_steps=20, callbacks=[callback], enable_checkpointing=False, enable_model_summary=False,
-                 accumulate_grad_batches=accumulate).fit(Tiny(), data)
-    assert isinstance(callback.stats, ddpgraph.StepStats) and isinstance(callback.state, ddpgraph.StepState)
+        _trainer(
+            max_steps=20,
+            callbacks=[callback],
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            accumulate_grad_batches=accumulate,
+        ).fit(Tiny(), data)
+    assert isinstance(callback.stats, ddpgraph.StepStats) and isinstance(
+        callback.state, ddpgraph.StepState
+    )
     assert callback.state is ddpgraph.StepState.EAGER
     assert (callback.stats.calls, callback.stats.eager_steps, callback.stats.replays) == (20, 20, 0)
     assert callback.reason is not None

@@ -51,9 +51,19 @@ def _scenario() -> Any:
 
 def _args(tmp_path: Path, **kw: Any) -> TrainingArguments:
     base: dict[str, Any] = {
-        "output_dir": str(tmp_path), "use_cpu": True, "per_device_train_batch_size": 4, "max_steps": STEPS,
-        "learning_rate": 3e-3, "lr_scheduler_type": "cosine", "warmup_steps": 2, "max_grad_norm": 1.0,
-        "logging_steps": 2, "report_to": "none", "save_strategy": "no", "seed": 0, "disable_tqdm": True,
+        "output_dir": str(tmp_path),
+        "use_cpu": True,
+        "per_device_train_batch_size": 4,
+        "max_steps": STEPS,
+        "learning_rate": 3e-3,
+        "lr_scheduler_type": "cosine",
+        "warmup_steps": 2,
+        "max_grad_norm": 1.0,
+        "logging_steps": 2,
+        "report_to": "none",
+        "save_strategy": "no",
+        "seed": 0,
+        "disable_tqdm": True,
     }
     base.update(kw)
     return TrainingArguments(**base)
@@ -68,8 +78,14 @@ def _ready(trainer: Trainer) -> Trainer:
 
 def _refusal(tmp_path: Path, *, callbacks: list[TrainerCallback] | None = None, **kw: Any) -> Any:
     s = _scenario()
-    trainer = _ready(Trainer(model=s.gpt2(), args=_args(tmp_path, **kw), callbacks=callbacks,
-                             train_dataset=s.Sequences(16)))
+    trainer = _ready(
+        Trainer(
+            model=s.gpt2(),
+            args=_args(tmp_path, **kw),
+            callbacks=callbacks,
+            train_dataset=s.Sequences(16),
+        )
+    )
     return trainer, trainer_refusal(trainer, trainer.model)
 
 
@@ -80,7 +96,11 @@ def test_trainers_defaults_are_capturable(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "code", "words"),
     [
-        ({"gradient_accumulation_steps": 4}, Code.UNSUPPORTED_SETUP, "gradient_accumulation_steps=4"),
+        (
+            {"gradient_accumulation_steps": 4},
+            Code.UNSUPPORTED_SETUP,
+            "gradient_accumulation_steps=4",
+        ),
         ({"torch_empty_cache_steps": 5}, Code.UNSUPPORTED_SETUP, "torch_empty_cache_steps=5"),
         ({"auto_find_batch_size": True}, Code.UNSUPPORTED_SETUP, "auto_find_batch_size=True"),
     ],
@@ -95,9 +115,15 @@ def test_what_one_update_cannot_replay_is_refused_with_its_code(
 
 def test_fp16_loss_scaling_is_refused_with_the_bf16_fix(tmp_path: Path) -> None:
     trainer, _ = _refusal(tmp_path)
-    trainer.args.fp16 = True  # Trainer refuses fp16 on CPU at construction; the check reads the flag
+    trainer.args.fp16 = (
+        True  # Trainer refuses fp16 on CPU at construction; the check reads the flag
+    )
     refusal = trainer_refusal(trainer, trainer.model)
-    assert refusal is not None and refusal.code is Code.GRAD_SCALER_IN_CAPTURE and "bf16=True" in refusal.fix
+    assert (
+        refusal is not None
+        and refusal.code is Code.GRAD_SCALER_IN_CAPTURE
+        and "bf16=True" in refusal.fix
+    )
 
 
 def test_a_compile_mode_with_graphs_of_its_own_is_refused(tmp_path: Path) -> None:
@@ -125,7 +151,9 @@ def test_a_callback_between_the_gradients_and_the_step_is_refused_by_name(tmp_pa
     assert "on_step_end" in refusal.fix
 
 
-def test_a_trainer_without_the_loop_methods_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trainer_without_the_loop_methods_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     trainer, _ = _refusal(tmp_path)
     monkeypatch.delattr(Trainer, "_get_grad_norm")
     refusal = trainer_refusal(trainer, trainer.model)
@@ -141,7 +169,11 @@ def test_wrong_capture_arguments_fail_before_trainer_builds_anything(tmp_path: P
 
 def _train(tmp_path: Path, graphs: bool, **kw: Any) -> tuple[Trainer, Any]:
     s = _scenario()
-    common: dict[str, Any] = {"model": s.gpt2(), "args": _args(tmp_path, **kw), "train_dataset": s.Sequences(4 * STEPS)}
+    common: dict[str, Any] = {
+        "model": s.gpt2(),
+        "args": _args(tmp_path, **kw),
+        "train_dataset": s.Sequences(4 * STEPS),
+    }
     trainer: Trainer
     if graphs:
         trainer = CUDAGraphTrainer(backend=ddpgraph.RecordingBackend(), **common)
@@ -162,12 +194,16 @@ def test_a_model_without_ddp_is_captured_and_trains_like_trainer(tmp_path: Path)
     logged = [[e for e in t.state.log_history if "loss" in e] for t in (plain, graphed)]
     assert len(logged[0]) == STEPS // 2 and logged[0] == logged[1]  # loss, grad_norm, learning_rate
     assert all(torch.equal(a, b) for a, b in zip(plain_params, graphed_params, strict=True))
-    assert "step" not in vars(graphed.optimizer) or hasattr(graphed.optimizer.step, "_wrapped_by_lr_sched")
+    assert "step" not in vars(graphed.optimizer) or hasattr(
+        graphed.optimizer.step, "_wrapped_by_lr_sched"
+    )
 
 
 def test_without_a_gpu_or_backend_trainer_trains_eagerly_and_says_why(tmp_path: Path) -> None:
     s = _scenario()
-    trainer = CUDAGraphTrainer(model=s.gpt2(), args=_args(tmp_path, max_steps=3), train_dataset=s.Sequences(12))
+    trainer = CUDAGraphTrainer(
+        model=s.gpt2(), args=_args(tmp_path, max_steps=3), train_dataset=s.Sequences(12)
+    )
     trainer.train()
     assert trainer.graphs.state == "eager" and trainer.graphs.reason is not None
     assert trainer.graphs.reason.code is Code.NO_CUDA

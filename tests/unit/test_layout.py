@@ -50,12 +50,18 @@ README = SRC.parents[1] / "README.md"
 MAX_FUNCTION_LINES = 60
 # Another library's private names that coincide with a name ddpgraph defines.
 FOREIGN = {
-    ("backends/recording.py", "_version"): "torch.Tensor's version counter, which in-place writes bump",
+    (
+        "backends/recording.py",
+        "_version",
+    ): "torch.Tensor's version counter, which in-place writes bump",
     ("doctor/observed.py", "_version"): "torch.Tensor's version counter",
     ("optimizer/hyperparams.py", "_version"): "torch.Tensor's version counter",
     ("probe/probe_checks.py", "_version"): "torch.Tensor's version counter",
     ("family/graphs.py", "_snapshot"): "torch.cuda.memory._snapshot, the allocator's segments",
-    ("integrations/lightning.py", "_result"): "Lightning's closure result, which the callback hands back",
+    (
+        "integrations/lightning.py",
+        "_result",
+    ): "Lightning's closure result, which the callback hands back",
     ("training/scaler_steps.py", "_values"): "a sparse gradient's values",
 }
 
@@ -70,16 +76,27 @@ def _rel(p: Path) -> str:
     [
         ("from .strategies.base import TrainStep\n", ["ddpgraph.strategies.base"]),
         ("from . import strategies\n", ["ddpgraph.strategies"]),
-        ("def f():\n    from .training.scaler import GraphSafeGradScaler\n", ["ddpgraph.training.scaler"]),
+        (
+            "def f():\n    from .training.scaler import GraphSafeGradScaler\n",
+            ["ddpgraph.training.scaler"],
+        ),
         ("import ddpgraph.app.cli\n", ["ddpgraph.app.cli"]),
         ("from ddpgraph.doctor import run\n", ["ddpgraph.doctor"]),
-        ("import importlib\nimportlib.import_module('ddpgraph.bench.command')\n", ["ddpgraph.bench.command"]),
+        (
+            "import importlib\nimportlib.import_module('ddpgraph.bench.command')\n",
+            ["ddpgraph.bench.command"],
+        ),
         ("from .streams import capture_stream\nfrom . import ddp\nimport ddpgraph.errors\n", []),
         ("from .trainings import x\nfrom .strategies_like import y\n", []),
-        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .strategies.base import TrainStep\n", []),
+        (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .strategies.base import TrainStep\n",
+            [],
+        ),
     ],
 )
-def test_the_checker_finds_each_kind_of_import_above_the_core(source: str, expected: list[str]) -> None:
+def test_the_checker_finds_each_kind_of_import_above_the_core(
+    source: str, expected: list[str]
+) -> None:
     assert [module for _, module in imports_above_core(source)] == expected
 
 
@@ -91,8 +108,14 @@ def test_a_core_package_module_importing_a_layer_is_found() -> None:
 @pytest.mark.parametrize(
     ("source", "alias"),
     [
-        ('"""Moved."""\nfrom ._moved import moved\nfrom .app.cli import main\nmoved("a", "b")\n__all__ = ["main"]\n', True),
-        ('"""Alias."""\nfrom .integrations.lightning import CUDAGraphCallback\n__all__ = ["CUDAGraphCallback"]\n', True),
+        (
+            '"""Moved."""\nfrom ._moved import moved\nfrom .app.cli import main\nmoved("a", "b")\n__all__ = ["main"]\n',
+            True,
+        ),
+        (
+            '"""Alias."""\nfrom .integrations.lightning import CUDAGraphCallback\n__all__ = ["CUDAGraphCallback"]\n',
+            True,
+        ),
         ('"""Work."""\nfrom .app.cli import main\ndef f():\n    return main()\n', False),
         ('"""Work."""\nfrom .app import cli\nX = cli.main()\n', False),
     ],
@@ -104,12 +127,16 @@ def test_an_alias_is_a_module_that_only_re_exports(source: str, alias: bool) -> 
 def test_the_capture_core_imports_nothing_above_it() -> None:
     core = core_modules()
     names = {_rel(p) for p in core}
-    assert len(core) > 30 and "cycle/engine.py" in names and "findings.py" in names  # the rule checks the real core
+    assert (
+        len(core) > 30 and "cycle/engine.py" in names and "findings.py" in names
+    )  # the rule checks the real core
     assert "capture.py" not in names and "__init__.py" not in names
     offenders = [
         f"{_rel(p)}:{line} imports {module}"
         for p in core
-        for line, module in imports_above_core(p.read_text(), package_of(module_name(p), p.name == "__init__.py"))
+        for line, module in imports_above_core(
+            p.read_text(), package_of(module_name(p), p.name == "__init__.py")
+        )
     ]
     assert offenders == [], "the capture core imports a layer built on it:\n" + "\n".join(offenders)
 
@@ -119,7 +146,10 @@ def test_the_cycle_checker_finds_cycles_at_any_depth_and_only_run_time_ones() ->
     sources = {
         "ddpgraph.a": ("from . import b\n", False),
         "ddpgraph.b": ("def f():\n    from .a import x\n", False),
-        "ddpgraph.c": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import y\n", False),
+        "ddpgraph.c": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import y\n",
+            False,
+        ),
         "ddpgraph.d": ("from .c import z\n", False),
         "ddpgraph.p": ("from .q import x\n", True),
         "ddpgraph.p.q": ("from ..p import r\n", False),
@@ -152,17 +182,29 @@ def test_the_private_reach_checker() -> None:
     reader = (
         "import torch\n"
         "def f(step, m):\n"
-        "    step._record = 1\n"           # a write
-        "    step._decide()\n"             # a call
-        "    getattr(step, '_record')\n"   # by name
-        "    torch._C._foo\n"              # another library's internals
-        "    m.__dict__\n"                 # a dunder
+        "    step._record = 1\n"  # a write
+        "    step._decide()\n"  # a call
+        "    getattr(step, '_record')\n"  # by name
+        "    torch._C._foo\n"  # another library's internals
+        "    m.__dict__\n"  # a dunder
         "    return m._hidden\n"
     )
-    assert [r for _, r in private_reaches(reader, ours)] == ["step._record", "step._decide", "step._record", "m._hidden"]
+    assert [r for _, r in private_reaches(reader, ours)] == [
+        "step._record",
+        "step._decide",
+        "step._record",
+        "m._hidden",
+    ]
     # Within its own module, and on self or cls, a private name is the module's own.
     assert list(private_reaches(engine + "def g(other):\n    return other._record\n", ours)) == []
-    assert list(private_reaches("class A:\n    def f(self):\n        return super()._decide(), self._hidden\n", ours)) == []
+    assert (
+        list(
+            private_reaches(
+                "class A:\n    def f(self):\n        return super()._decide(), self._hidden\n", ours
+            )
+        )
+        == []
+    )
 
 
 def _ours() -> set[str]:
@@ -180,8 +222,14 @@ def test_no_module_reaches_into_anothers_private_names() -> None:
         for p in sorted(SRC.rglob("*.py"))
         for line, reach in private_reaches(p.read_text(), ours)
     ]
-    offenders = [f"{path}:{line} {reach}" for path, line, reach in found if (path, reach.rsplit(".", 1)[1]) not in FOREIGN]
-    assert offenders == [], "a module reaches into another's private names:\n" + "\n".join(offenders)
+    offenders = [
+        f"{path}:{line} {reach}"
+        for path, line, reach in found
+        if (path, reach.rsplit(".", 1)[1]) not in FOREIGN
+    ]
+    assert offenders == [], "a module reaches into another's private names:\n" + "\n".join(
+        offenders
+    )
     used = {(path, reach.rsplit(".", 1)[1]) for path, _, reach in found}
     stale = sorted(pair for pair in set(FOREIGN) - used if (SRC / pair[0]).exists())
     assert stale == [], f"FOREIGN lists pairs no longer read: {stale}"
@@ -190,14 +238,22 @@ def test_no_module_reaches_into_anothers_private_names() -> None:
 # ----------------------------------------------------------------- function length
 def test_the_function_length_checker_counts_methods_and_nested_functions() -> None:
     body = "".join(f"    x{i} = {i}\n" for i in range(60))
-    source = f"def short():\n{body[: -len('    x59 = 59') - 1]}\nclass A:\n    @staticmethod\n    def long():\n" + body.replace("    ", "        ")
-    source += "def outer():\n    def inner():\n" + body.replace("    ", "        ") + "    return inner\n"
+    source = (
+        f"def short():\n{body[: -len('    x59 = 59') - 1]}\nclass A:\n    @staticmethod\n    def long():\n"
+        + body.replace("    ", "        ")
+    )
+    source += (
+        "def outer():\n    def inner():\n" + body.replace("    ", "        ") + "    return inner\n"
+    )
     assert list(long_functions(source, 60)) == [("A.long", 61), ("outer", 63), ("outer.inner", 61)]
 
 
 @pytest.mark.parametrize("path", sorted(SRC.rglob("*.py")), ids=_rel)
 def test_no_function_is_over_60_lines(path: Path) -> None:
-    long = [f"{name}: {lines} lines" for name, lines in long_functions(path.read_text(), MAX_FUNCTION_LINES)]
+    long = [
+        f"{name}: {lines} lines"
+        for name, lines in long_functions(path.read_text(), MAX_FUNCTION_LINES)
+    ]
     assert long == [], f"{_rel(path)}: functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
@@ -211,7 +267,11 @@ def test_readme_architecture_names_only_paths_that_exist_and_every_package() -> 
     section = architecture(README)
     named = named_paths(section)
     assert len(named) >= 10
-    missing = sorted(n for n in named if not (SRC.parents[1] / n if n.startswith("src/") else SRC / n).exists())
-    assert missing == [], f"README's architecture names paths that are not in src/ddpgraph: {missing}"
+    missing = sorted(
+        n for n in named if not (SRC.parents[1] / n if n.startswith("src/") else SRC / n).exists()
+    )
+    assert missing == [], (
+        f"README's architecture names paths that are not in src/ddpgraph: {missing}"
+    )
     packages = {f"{p.parent.relative_to(SRC)}/" for p in SRC.glob("*/__init__.py")}
     assert packages - named == set(), "README's architecture leaves out a package"

@@ -51,7 +51,11 @@ def _set_grads(ps: list[torch.nn.Parameter]) -> None:
 
 ADAM_VARIANTS = list(
     itertools.product(
-        [torch.optim.Adam, torch.optim.AdamW], [0.0, 0.05], [False, True], [False, True], [torch.float32, torch.float64]
+        [torch.optim.Adam, torch.optim.AdamW],
+        [0.0, 0.05],
+        [False, True],
+        [False, True],
+        [torch.float32, torch.float64],
     )
 )
 
@@ -59,11 +63,24 @@ ADAM_VARIANTS = list(
 @pytest.mark.parametrize(("cls", "decay", "amsgrad", "maximize", "dtype"), ADAM_VARIANTS)
 @pytest.mark.parametrize("cycled", [False, True], ids=["fixed", "cycled"])
 def test_adam_update_is_the_capturable_foreach_kernel_bit_for_bit(
-    cls: type[Optimizer], decay: float, amsgrad: bool, maximize: bool, dtype: torch.dtype, cycled: bool
+    cls: type[Optimizer],
+    decay: float,
+    amsgrad: bool,
+    maximize: bool,
+    dtype: torch.dtype,
+    cycled: bool,
 ) -> None:
     def make(params: list[torch.nn.Parameter]) -> Optimizer:
         lr = torch.tensor(0.01)  # the mirror's tensor learning rate
-        return cls(params, lr=lr, weight_decay=decay, amsgrad=amsgrad, maximize=maximize, capturable=True, foreach=True)
+        return cls(
+            params,
+            lr=lr,
+            weight_decay=decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            capturable=True,
+            foreach=True,
+        )
 
     values = [(b if cycled else 0.9, 0.99) for b in CYCLE]
     with _capturable_on_cpu():
@@ -73,21 +90,40 @@ def test_adam_update_is_the_capturable_foreach_kernel_bit_for_bit(
 SGD_VARIANTS = [
     v
     for v in itertools.product(
-        [0.0, 0.9], [0.0, 0.1], [False, True], [0.0, 0.05], [False, True], [torch.float32, torch.float64], ["fixed", "cycled"]
+        [0.0, 0.9],
+        [0.0, 0.1],
+        [False, True],
+        [0.0, 0.05],
+        [False, True],
+        [torch.float32, torch.float64],
+        ["fixed", "cycled"],
     )
     # nesterov needs momentum and no dampening; a momentum of 0 has no buffer to cycle
     if not (v[2] and (v[0] == 0 or v[1] != 0)) and not (v[0] == 0 and v[6] == "cycled")
 ]
 
 
-@pytest.mark.parametrize(("momentum", "dampening", "nesterov", "decay", "maximize", "dtype", "values"), SGD_VARIANTS)
+@pytest.mark.parametrize(
+    ("momentum", "dampening", "nesterov", "decay", "maximize", "dtype", "values"), SGD_VARIANTS
+)
 def test_sgd_update_is_the_foreach_kernel_bit_for_bit(
-    momentum: float, dampening: float, nesterov: bool, decay: float, maximize: bool, dtype: torch.dtype, values: str
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    decay: float,
+    maximize: bool,
+    dtype: torch.dtype,
+    values: str,
 ) -> None:
     lr = 0.0123
 
     def make(params: list[torch.nn.Parameter]) -> Optimizer:
-        kw = {"momentum": momentum, "dampening": dampening, "nesterov": nesterov, "weight_decay": decay}
+        kw = {
+            "momentum": momentum,
+            "dampening": dampening,
+            "nesterov": nesterov,
+            "weight_decay": decay,
+        }
         return torch.optim.SGD(params, lr=lr, maximize=maximize, foreach=True, **kw)
 
     def make_ours(params: list[torch.nn.Parameter]) -> Optimizer:
@@ -136,7 +172,9 @@ def test_an_optimizer_without_a_wrapped_step_gets_its_own_step_back() -> None:
 
 
 def test_the_own_update_is_offered_where_it_computes_what_the_kernel_does() -> None:
-    def support(dtype: torch.dtype, cls: type[Optimizer] = torch.optim.AdamW, **kw: Any) -> tuple[str, ...]:
+    def support(
+        dtype: torch.dtype, cls: type[Optimizer] = torch.optim.AdamW, **kw: Any
+    ) -> tuple[str, ...]:
         opt = cls([torch.nn.Parameter(torch.zeros(3, dtype=dtype))], lr=0.1, **kw)
         return kernel_support(opt, opt.param_groups[0]).own_keys
 

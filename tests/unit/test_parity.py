@@ -64,10 +64,14 @@ class _Perturbed:
 def _perturbed_capture(run, size: float, **kw):
     # Calls: 11 warm-up, the recording (12), the check's eager step (13), its replay (14).
     fn = _Perturbed(run, replay=14, size=size)
-    return ddpgraph.capture_step(fn, model=run.model, optimizer=run.optimizer, backend=ddpgraph.PassThroughBackend(), **kw)
+    return ddpgraph.capture_step(
+        fn, model=run.model, optimizer=run.optimizer, backend=ddpgraph.PassThroughBackend(), **kw
+    )
 
 
-def test_a_mismatch_is_a_finding_with_its_size_and_training_continues_eagerly(make_run, batches, same) -> None:
+def test_a_mismatch_is_a_finding_with_its_size_and_training_continues_eagerly(
+    make_run, batches, same
+) -> None:
     data = batches(14)
     ref = make_run(graph_safe=True)
     expected = ref.train(data)
@@ -102,7 +106,9 @@ def test_a_mismatch_with_on_failure_raise(make_run, batches) -> None:
     assert "bit-for-bit" in str(info.value)
 
 
-def test_a_mismatch_after_a_library_synchronised_names_that_branch_as_the_likely_cause(library_sync: Any) -> None:
+def test_a_mismatch_after_a_library_synchronised_names_that_branch_as_the_likely_cause(
+    library_sync: Any,
+) -> None:
     # A library that synchronised in the probe step and skips it while a graph is recorded
     # (transformers' mask building) runs another branch in the graph: the finding says so,
     # with the user's line and the library's.
@@ -116,6 +122,8 @@ def test_a_mismatch_after_a_library_synchronised_names_that_branch_as_the_likely
     named, unnamed = with_branch._judge(), plain._judge()
     assert named is not None and unnamed is not None
     assert named.code is unnamed.code is Code.PARITY_MISMATCH and "0.00021" in named.happened
-    assert "(train.py:57)" in named.happened and "transformers/masking_utils.py:761" in named.happened
+    assert (
+        "(train.py:57)" in named.happened and "transformers/masking_utils.py:761" in named.happened
+    )
     assert "ParityCheck(rtol=" in named.fix
     assert "likely cause" not in unnamed.happened and unnamed.fix == ""

@@ -41,7 +41,9 @@ def test_device_ids_follow_the_model(
         ({GPU1}, 1),
     ],
 )
-def test_unusable_device_ids_are_refused_with_the_fix(devices: set[torch.device], given: object) -> None:
+def test_unusable_device_ids_are_refused_with_the_fix(
+    devices: set[torch.device], given: object
+) -> None:
     with pytest.raises(ddpgraph.DdpGraphUsageError) as err:
         infer_device_ids(devices, given)
     text = str(err.value)
@@ -70,7 +72,9 @@ def test_the_module_inside_ddp_and_its_group_are_read_in_one_place(process_group
     assert process_group_of(plain) is None
 
 
-def test_graphs_are_possible_only_for_a_cuda_device_with_cuda_usable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_graphs_are_possible_only_for_a_cuda_device_with_cuda_usable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from ddpgraph.ddp.streams import can_run_graphs
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -133,4 +133,7 @@ def test_probe_keeps_only_this_threads_synchronisations(monkeypatch: pytest.Monk
         thread.join()
         warnings.warn(text, UserWarning, stacklevel=1)  # this thread's
     assert len(result.events) == 1
-    assert any(f.name == "test_probe_keeps_only_this_threads_synchronisations" for f in result.events[0].stack)
+    assert any(
+        f.name == "test_probe_keeps_only_this_threads_synchronisations"
+        for f in result.events[0].stack
+    )

@@ -95,11 +95,18 @@ def installed(tmp_path: Path) -> Iterator[dict[str, Any]]:
     write(tmp_path / "project" / "usernet.py", USER_MODEL)
     (tmp_path / "project" / "__init__.py").unlink()
     sys.path[:0] = [str(site), str(tmp_path / "project")]
-    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "transformers" or k.startswith("transformers.")}
+    saved = {
+        k: sys.modules.pop(k)
+        for k in list(sys.modules)
+        if k == "transformers" or k.startswith("transformers.")
+    }
     try:
         for name in ("fakelib.ops", "usernet"):
             sys.modules.pop(name, None)
-        modules = {name: importlib.import_module(name) for name in ("fakelib.ops", "transformers.ops", "usernet")}
+        modules = {
+            name: importlib.import_module(name)
+            for name in ("fakelib.ops", "transformers.ops", "usernet")
+        }
         yield modules
     finally:
         sys.path.remove(str(site))
@@ -109,7 +116,9 @@ def installed(tmp_path: Path) -> Iterator[dict[str, Any]]:
         sys.modules.update(saved)
 
 
-def test_a_sync_in_a_library_names_the_users_line_then_the_librarys(installed: dict[str, Any]) -> None:
+def test_a_sync_in_a_library_names_the_users_line_then_the_librarys(
+    installed: dict[str, Any],
+) -> None:
     import torch
 
     installed["usernet"].Net()(torch.ones(2))
@@ -134,11 +143,13 @@ def test_a_known_setting_of_transformers_is_the_fix(installed: dict[str, Any]) -
     stack, setting = installed["transformers.ops"].seen[-1]
     finding = classify(stack, setting=setting)
     assert finding is not None and 'attn_implementation="sdpa"' in finding.hint
-    assert "`Attention` was built with `attn_implementation=\"eager\"`" in finding.hint
+    assert '`Attention` was built with `attn_implementation="eager"`' in finding.hint
 
 
 @pytest.mark.parametrize("experts", ["eager", "grouped_mm"])
-def test_expert_routing_that_waits_names_the_fixed_shape_routing(installed: dict[str, Any], experts: str) -> None:
+def test_expert_routing_that_waits_names_the_fixed_shape_routing(
+    installed: dict[str, Any], experts: str
+) -> None:
     # The experts layer that synchronised is named, not the model around it (whose
     # eager attention is another setting, and not the cause here).
     import torch
@@ -146,8 +157,13 @@ def test_expert_routing_that_waits_names_the_fixed_shape_routing(installed: dict
     installed["transformers.ops"].MoeModel(experts)(torch.ones(2))
     stack, setting = installed["transformers.ops"].seen[-1]
     finding = classify(stack, setting=setting)
-    assert finding is not None and f'`Experts` routes tokens with `experts_implementation="{experts}"`' in finding.hint
-    assert ('experts_implementation="grouped_mm"' if experts == "eager" else "model.to(torch.bfloat16)") in finding.hint
+    assert (
+        finding is not None
+        and f'`Experts` routes tokens with `experts_implementation="{experts}"`' in finding.hint
+    )
+    assert (
+        'experts_implementation="grouped_mm"' if experts == "eager" else "model.to(torch.bfloat16)"
+    ) in finding.hint
 
 
 def test_routing_in_fixed_shapes_is_not_blamed(installed: dict[str, Any]) -> None:
@@ -158,7 +174,9 @@ def test_routing_in_fixed_shapes_is_not_blamed(installed: dict[str, Any]) -> Non
     assert setting is not None and "attn_implementation" in setting  # the model's own setting
 
 
-def test_the_setting_is_named_only_when_the_running_module_has_it(installed: dict[str, Any]) -> None:
+def test_the_setting_is_named_only_when_the_running_module_has_it(
+    installed: dict[str, Any],
+) -> None:
     import torch
 
     installed["transformers.ops"].Attention("sdpa")(torch.ones(2))
@@ -195,7 +213,9 @@ def test_a_sync_in_the_users_own_code_keeps_the_short_form() -> None:
     assert finding.happened == "`stack = traceback.extract_stack()` waits for the GPU"
 
 
-def test_the_probes_findings_carry_the_setting_capture_step_reports(installed: dict[str, Any]) -> None:
+def test_the_probes_findings_carry_the_setting_capture_step_reports(
+    installed: dict[str, Any],
+) -> None:
     # `capture_step` builds `step.reason` from `ProbeResult.findings()`: the same chain.
     import torch
 
@@ -208,7 +228,9 @@ def test_the_probes_findings_carry_the_setting_capture_step_reports(installed: d
     assert "calls into transformers" in finding.happened
 
 
-def test_a_known_setting_is_the_fix_even_without_a_frame_of_the_users(installed: dict[str, Any]) -> None:
+def test_a_known_setting_is_the_fix_even_without_a_frame_of_the_users(
+    installed: dict[str, Any],
+) -> None:
     # Called from generated code only (a notebook cell, `python -c`): the library's own
     # frame is the place, and the setting still the fix.
     import torch
@@ -243,7 +265,9 @@ def test_the_probe_leaves_a_librarys_sync_to_the_capture(installed: dict[str, An
     assert len(probe.findings()) == 2  # during or after a capture, both count
 
 
-def test_a_librarys_sync_is_left_to_the_capture_when_the_step_is_ddpgraphs_own(installed: dict[str, Any]) -> None:
+def test_a_librarys_sync_is_left_to_the_capture_when_the_step_is_ddpgraphs_own(
+    installed: dict[str, Any],
+) -> None:
     # `ddpgraph bench` and the integrations run a step ddpgraph wrote around a library's
     # model: no frame of the user's is on the stack, and the sync is still the library's.
     import torch
@@ -253,7 +277,9 @@ def test_a_librarys_sync_is_left_to_the_capture_when_the_step_is_ddpgraphs_own(i
 
     installed["usernet"].Net()(torch.ones(2))
     library_stack, setting = installed["fakelib.ops"].seen[-1]
-    no_user = [f for f in library_stack if is_platform(f.filename) or is_installed_library(f.filename)]
+    no_user = [
+        f for f in library_stack if is_platform(f.filename) or is_installed_library(f.filename)
+    ]
     assert no_user and len(no_user) < len(library_stack)
     probe = ProbeResult([SyncEvent(no_user, setting)])
     assert probe.findings(defer_library=True) == []

@@ -63,9 +63,17 @@ def test_replays_equal_eager_ddp_training_bit_for_bit(make_run, batches, same) -
         {"broadcast_buffers": False},  # batch norm's running stats: written but not declared so
         None,  # no DDP at all
     ],
-    ids=["find_unused_parameters", "static_graph", "gradient_as_bucket_view", "no_buffer_broadcast", "no_ddp"],
+    ids=[
+        "find_unused_parameters",
+        "static_graph",
+        "gradient_as_bucket_view",
+        "no_buffer_broadcast",
+        "no_ddp",
+    ],
 )
-def test_ddp_options_that_capture_on_a_gpu_replay_like_eager(make_run, ddp_kw, batches, same) -> None:
+def test_ddp_options_that_capture_on_a_gpu_replay_like_eager(
+    make_run, ddp_kw, batches, same
+) -> None:
     def build(graph_safe: bool = False):  # type: ignore[no-untyped-def]
         kw = {"optimizer": torch.optim.SGD, "lr": 0.05, "momentum": 0.9, "fused": True}
         return make_run(ddp=ddp_kw is not None, ddp_kw=ddp_kw, graph_safe=graph_safe, **kw)
@@ -117,7 +125,9 @@ def test_loss_item_inside_the_step_is_host_sync_with_its_line(make_run, batches,
         return loss
 
     line = step.__code__.co_firstlineno + 2
-    captured = ddpgraph.capture_step(step, model=run.model, optimizer=run.optimizer, backend=RecordingBackend())
+    captured = ddpgraph.capture_step(
+        step, model=run.model, optimizer=run.optimizer, backend=RecordingBackend()
+    )
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         got = run.train(data, captured)
@@ -181,7 +191,9 @@ def test_a_scalar_assigned_through_a_mask_records_as_cuda_records_it() -> None:
     # Measured on an H200 (scripts/probes/cpu_emulation_fidelity.py): CUDA captures
     # `y[mask] = 0.0`; accumulating through a mask is refused by both.
     t = torch.randn(6)
-    graph = RecordingBackend().capture(lambda: _assign_scalar_through_a_mask(t), stream=None, pool=None)
+    graph = RecordingBackend().capture(
+        lambda: _assign_scalar_through_a_mask(t), stream=None, pool=None
+    )
     graph.replay()
     assert torch.equal(graph.outputs, t.clamp(max=0))
     with pytest.raises(CaptureError):

@@ -34,7 +34,9 @@ class Checkpointed(nn.Module):
         return checkpoint(self.segment, h, use_reentrant=self.reentrant) + h
 
 
-def _train(reentrant: bool, captured: bool) -> tuple[list[float], list[torch.Tensor], ddpgraph.CapturedStep | None]:
+def _train(
+    reentrant: bool, captured: bool
+) -> tuple[list[float], list[torch.Tensor], ddpgraph.CapturedStep | None]:
     torch.manual_seed(0)
     model = Checkpointed(reentrant)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
@@ -51,7 +53,9 @@ def _train(reentrant: bool, captured: bool) -> tuple[list[float], list[torch.Ten
     torch.manual_seed(5)
     captured_step = None
     if captured:
-        captured_step = ddpgraph.capture_step(step, model=model, optimizer=opt, backend=ddpgraph.RecordingBackend())
+        captured_step = ddpgraph.capture_step(
+            step, model=model, optimizer=opt, backend=ddpgraph.RecordingBackend()
+        )
         losses = [float(captured_step(x)) for x in data]
     else:
         safe = GraphSafeOptimizers([opt], torch.device("cpu"))
@@ -68,13 +72,27 @@ def _train(reentrant: bool, captured: bool) -> tuple[list[float], list[torch.Ten
 def test_recomputed_dropout_replays_the_forwards_masks(reentrant: bool) -> None:
     eager_losses, eager_params, _ = _train(reentrant, captured=False)
     losses, params, step = _train(reentrant, captured=True)
-    assert step is not None and step.state is ddpgraph.StepState.CAPTURED and step.stats.replays == STEPS - 3
+    assert (
+        step is not None
+        and step.state is ddpgraph.StepState.CAPTURED
+        and step.stats.replays == STEPS - 3
+    )
     assert losses == eager_losses
     assert all(torch.equal(a, b) for a, b in zip(eager_params, params, strict=True))
     step.close()
 
 
 def test_the_generator_functions_are_torchs_own_again_after_recording() -> None:
-    before = (torch.get_rng_state, torch.set_rng_state, torch.random.get_rng_state, torch.random.set_rng_state)
+    before = (
+        torch.get_rng_state,
+        torch.set_rng_state,
+        torch.random.get_rng_state,
+        torch.random.set_rng_state,
+    )
     _train(False, captured=True)
-    assert (torch.get_rng_state, torch.set_rng_state, torch.random.get_rng_state, torch.random.set_rng_state) == before
+    assert (
+        torch.get_rng_state,
+        torch.set_rng_state,
+        torch.random.get_rng_state,
+        torch.random.set_rng_state,
+    ) == before

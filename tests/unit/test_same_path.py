@@ -36,7 +36,9 @@ def test_the_recording_runs_the_eager_branch(monkeypatch: pytest.MonkeyPatch) ->
         opt.step()
         return loss.detach()
 
-    step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=ddpgraph.PassThroughBackend())
+    step = ddpgraph.capture_step(
+        train_step, model=model, optimizer=opt, backend=ddpgraph.PassThroughBackend()
+    )
     for _ in range(5):
         step(torch.randn(3, 4))
     assert step.state is ddpgraph.StepState.CAPTURED

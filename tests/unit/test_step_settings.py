@@ -28,11 +28,18 @@ def test_the_defaults_are_pytorchs() -> None:
 
 @pytest.mark.parametrize(
     ("kernel", "foreach", "fused"),
-    [("default", None, None), ("foreach", True, None), ("fused", None, True), ("single", False, None)],
+    [
+        ("default", None, None),
+        ("foreach", True, None),
+        ("fused", None, True),
+        ("single", False, None),
+    ],
 )
 def test_each_kernel_reaches_adamw(kernel: str, foreach: bool | None, fused: bool | None) -> None:
     settings = StepSettings(adam_kernel=kernel)  # type: ignore[arg-type]
-    opt = settings.adamw([torch.nn.Parameter(torch.zeros(2))], lr=torch.tensor(1e-3), capturable=True)
+    opt = settings.adamw(
+        [torch.nn.Parameter(torch.zeros(2))], lr=torch.tensor(1e-3), capturable=True
+    )
     assert opt.defaults["foreach"] is foreach and opt.defaults["fused"] is fused
     assert opt.defaults["capturable"] is True
     assert set(ADAM_KERNELS) == {"default", "foreach", "fused", "single"}
@@ -46,7 +53,9 @@ def test_an_unknown_kernel_is_refused() -> None:
 def test_ddp_settings_are_only_what_is_set() -> None:
     settings = StepSettings(gradient_as_bucket_view=True, bucket_cap_mb=100)
     assert settings.ddp_kwargs() == {"gradient_as_bucket_view": True, "bucket_cap_mb": 100}
-    assert StepSettings(gradient_as_bucket_view=False).ddp_kwargs() == {"gradient_as_bucket_view": False}
+    assert StepSettings(gradient_as_bucket_view=False).ddp_kwargs() == {
+        "gradient_as_bucket_view": False
+    }
 
 
 def test_the_bench_takes_its_optimizer_and_ddp_settings_from_here() -> None:

@@ -38,7 +38,9 @@ class Scripted:
     """A real step whose every call takes `ms` on the fake clock; `after` runs after
     each call (to make a candidate train differently)."""
 
-    def __init__(self, inner: Any, clock: Clock, ms: float, after: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, inner: Any, clock: Clock, ms: float, after: Callable[[], None] | None = None
+    ) -> None:
         self.inner, self.clock, self.ms, self.after = inner, clock, ms, after
 
     state = property(lambda self: self.inner.state)
@@ -63,12 +65,22 @@ class Scripted:
 
 
 def _eager(run: Any, clock: Clock, ms: float, after: Callable[[], None] | None = None) -> Candidate:
-    return Candidate("eager", lambda: Scripted(EagerStep(run.step, model=run.model, options=CaptureOptions()), clock, ms, after))
+    return Candidate(
+        "eager",
+        lambda: Scripted(
+            EagerStep(run.step, model=run.model, options=CaptureOptions()), clock, ms, after
+        ),
+    )
 
 
 def _whole(run: Any, clock: Clock, ms: float, name: str = "whole") -> Candidate:
     def build() -> Scripted:
-        step = ddpgraph.capture_step(run.step, model=run.model, optimizer=run.optimizer, backend=ddpgraph.PassThroughBackend())
+        step = ddpgraph.capture_step(
+            run.step,
+            model=run.model,
+            optimizer=run.optimizer,
+            backend=ddpgraph.PassThroughBackend(),
+        )
         return Scripted(step, clock, ms)
 
     return Candidate(name, build)
@@ -76,16 +88,30 @@ def _whole(run: Any, clock: Clock, ms: float, name: str = "whole") -> Candidate:
 
 def _auto(run: Any, candidates: list[Candidate], clock: Clock, **kw: Any) -> AutoStep[torch.Tensor]:
     kw.setdefault("settings", FAST)
-    return AutoStep(run.step, model=run.model, optimizers=[run.optimizer], candidates=candidates, clock=clock, **kw)
+    return AutoStep(
+        run.step,
+        model=run.model,
+        optimizers=[run.optimizer],
+        candidates=candidates,
+        clock=clock,
+        **kw,
+    )
 
 
-def test_fastest_correct_wins_and_training_equals_the_winner_from_the_start(make_run, batches, same) -> None:
+def test_fastest_correct_wins_and_training_equals_the_winner_from_the_start(
+    make_run, batches, same
+) -> None:
     data = batches(20)
     ref = make_run(converted=True)
     ref_trace = ref.train(data)
     run = make_run(converted=True)
     clock = Clock()
-    slow = Candidate("partial", lambda: Scripted(EagerStep(run.step, model=run.model, options=CaptureOptions()), clock, 8.0))
+    slow = Candidate(
+        "partial",
+        lambda: Scripted(
+            EagerStep(run.step, model=run.model, options=CaptureOptions()), clock, 8.0
+        ),
+    )
     step = _auto(run, [_whole(run, clock, 3.0), _eager(run, clock, 10.0), slow], clock)
     assert step.state is StepState.WARMUP and step.reason is None
     trace = run.train(data, step)
@@ -118,7 +144,9 @@ def test_a_candidate_that_trains_differently_is_rejected(make_run, batches) -> N
 
     wrong = Candidate(
         "compile",
-        lambda: Scripted(EagerStep(run.step, model=run.model, options=CaptureOptions()), clock, 1.0, nudge),
+        lambda: Scripted(
+            EagerStep(run.step, model=run.model, options=CaptureOptions()), clock, 1.0, nudge
+        ),
         exact=False,
     )
     step = _auto(run, [_eager(run, clock, 10.0), _whole(run, clock, 3.0), wrong], clock)
@@ -143,17 +171,28 @@ def test_a_candidate_that_fails_is_reported_and_training_goes_on(make_run, batch
 
     def syncing() -> Any:
         step = ddpgraph.capture_step(
-            run.step, model=run.model, optimizer=run.optimizer, backend=ddpgraph.PassThroughBackend(fail_ranks={0})
+            run.step,
+            model=run.model,
+            optimizer=run.optimizer,
+            backend=ddpgraph.PassThroughBackend(fail_ranks={0}),
         )
         return Scripted(step, clock, 0.5)
 
-    candidates = [_eager(run, clock, 10.0), Candidate("partial", broken), Candidate("whole", syncing)]
+    candidates = [
+        _eager(run, clock, 10.0),
+        Candidate("partial", broken),
+        Candidate("whole", syncing),
+    ]
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         step = _auto(run, candidates, clock)
         run.train(data, step)
     report = step.reason
-    assert report is not None and report.winner == "eager" and report.code is SelectionCode.AUTO_CHOSE_EAGER
+    assert (
+        report is not None
+        and report.winner == "eager"
+        and report.code is SelectionCode.AUTO_CHOSE_EAGER
+    )
     partial, whole = report.trial("partial"), report.trial("whole")
     assert partial is not None and partial.status is TrialStatus.FAILED
     assert partial.finding is not None and "cannot be built here" in partial.finding.happened
@@ -205,7 +244,12 @@ def test_trials_leave_the_training_state_as_they_found_it(make_run, batches, sam
     def record_then_eager() -> Scripted:
         seen["params"] = run.params()
         seen["grads"] = [p.grad.clone() for p in run.model.parameters()]
-        seen["opt"] = {k: v.clone() for s in run.optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)}
+        seen["opt"] = {
+            k: v.clone()
+            for s in run.optimizer.state.values()
+            for k, v in s.items()
+            if torch.is_tensor(v)
+        }
         seen["lr"] = run.optimizer.param_groups[0]["lr"].clone()
         seen["rng"] = torch.get_rng_state()
         seen["counter"] = counter.n
@@ -214,12 +258,21 @@ def test_trials_leave_the_training_state_as_they_found_it(make_run, batches, sam
     before = {
         "params": run.params(),
         "grads": [p.grad.clone() for p in run.model.parameters()],
-        "opt": {k: v.clone() for s in run.optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)},
+        "opt": {
+            k: v.clone()
+            for s in run.optimizer.state.values()
+            for k, v in s.items()
+            if torch.is_tensor(v)
+        },
         "lr": run.optimizer.param_groups[0]["lr"].clone(),
         "lr_tensor": run.optimizer.param_groups[0]["lr"],
         "rng": torch.get_rng_state(),
     }
-    candidates = [_eager(run, clock, 12.0), Candidate("whole", record_then_eager), _whole(run, clock, 20.0, "partial")]
+    candidates = [
+        _eager(run, clock, 12.0),
+        Candidate("whole", record_then_eager),
+        _whole(run, clock, 20.0, "partial"),
+    ]
     step = _auto(run, candidates, clock, stateful=[counter])
     step(*data[2])
     assert step.reason is not None and step.reason.winner == "whole"
@@ -234,12 +287,19 @@ def test_trials_leave_the_training_state_as_they_found_it(make_run, batches, sam
 def test_candidates_must_include_eager(make_run) -> None:
     run = make_run()
     with pytest.raises(ValueError, match="eager"):
-        AutoStep(run.step, model=run.model, optimizers=[run.optimizer], candidates=[_whole(run, Clock(), 1.0)])
+        AutoStep(
+            run.step,
+            model=run.model,
+            optimizers=[run.optimizer],
+            candidates=[_whole(run, Clock(), 1.0)],
+        )
 
 
 def test_make_step_auto_on_cpu_tries_only_what_applies(make_run, batches) -> None:
     run = make_run()
-    step = make_step(run.step, model=run.model, optimizer=run.optimizer, strategy="auto", trial_settings=FAST)
+    step = make_step(
+        run.step, model=run.model, optimizer=run.optimizer, strategy="auto", trial_settings=FAST
+    )
     run.train(batches(2), step)
     report = step.reason
     assert report is not None and report.winner == "eager"
@@ -285,7 +345,10 @@ def test_make_step_auto_with_a_stand_in_backend(make_run, batches, same) -> None
         ({"strategy": "fastest"}, "`make_step(strategy=...)`"),
         ({"strategy": "auto", "candidates": ["auto"]}, "`make_step(candidates=...)`"),
         ({"strategy": "auto", "budget_s": -1}, "`make_step(budget_s=...)`"),
-        ({"strategy": "compile", "compile_mode": "reduce-overhead"}, "`make_step(compile_mode=...)`"),
+        (
+            {"strategy": "compile", "compile_mode": "reduce-overhead"},
+            "`make_step(compile_mode=...)`",
+        ),
         ({"strategy": "compile", "compile_mode": "fast"}, "`make_step(compile_mode=...)`"),
         ({"optimizer": "adam"}, "`make_step(optimizer=...)`"),
     ],

@@ -69,9 +69,17 @@ def _train(step: Any, data: list[tuple[torch.Tensor, torch.Tensor]]) -> list[flo
     return [float(step(x, y)) for x, y in data]
 
 
-def _compiled_step(ddp: nn.Module, opt: torch.optim.Optimizer, fn: Any, **kw: Any) -> CompiledStep[Any]:
+def _compiled_step(
+    ddp: nn.Module, opt: torch.optim.Optimizer, fn: Any, **kw: Any
+) -> CompiledStep[Any]:
     step = make_step(
-        fn, model=ddp, optimizer=opt, strategy="compile", compile_backend="eager", backend=ddpgraph.PassThroughBackend(), **kw
+        fn,
+        model=ddp,
+        optimizer=opt,
+        strategy="compile",
+        compile_backend="eager",
+        backend=ddpgraph.PassThroughBackend(),
+        **kw,
     )
     assert isinstance(step, CompiledStep)
     return step
@@ -100,7 +108,9 @@ def test_compiled_model_captured_trains_like_compiled_eager(process_group, batch
     assert ddp._compiled_call_impl is None and step.state is StepState.CLOSED
 
 
-def test_a_compile_during_capture_discards_it_and_captures_again(process_group, batches, same) -> None:
+def test_a_compile_during_capture_discards_it_and_captures_again(
+    process_group, batches, same
+) -> None:
     data = batches(20)
     ref_ddp, _, ref_fn = _setup(compiled_reference=True)
     ref_losses = _train(ref_fn, data)
@@ -116,7 +126,14 @@ def test_a_compile_during_capture_discards_it_and_captures_again(process_group, 
             recordings.append(len(recordings))
         return fn(x, y)
 
-    step = make_step(flipping, model=ddp, optimizer=opt, strategy="compile", compile_backend="eager", backend=backend)
+    step = make_step(
+        flipping,
+        model=ddp,
+        optimizer=opt,
+        strategy="compile",
+        compile_backend="eager",
+        backend=backend,
+    )
     assert isinstance(step, CompiledStep)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -141,7 +158,14 @@ def test_capture_waits_until_a_call_compiles_nothing(process_group, batches) -> 
         ddp.module.flag = len(calls) == 3  # makes the third call recompile
         return fn(x, y)
 
-    step = make_step(late_flip, model=ddp, optimizer=opt, strategy="compile", compile_backend="eager", backend=ddpgraph.PassThroughBackend())
+    step = make_step(
+        late_flip,
+        model=ddp,
+        optimizer=opt,
+        strategy="compile",
+        compile_backend="eager",
+        backend=ddpgraph.PassThroughBackend(),
+    )
     states = []
     for x, y in data[:8]:
         step(x, y)
@@ -164,7 +188,9 @@ def test_a_submodule_switched_to_eval_after_capture_runs_eagerly(process_group, 
         _train(step, data[12:14])
     assert step.stats.input_changes == 2 and step.stats.eager_steps == 2
     messages = [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
-    assert len(messages) == 1 and "MODEL_MODE_CHANGED" in messages[0] and "BatchNorm1d" in messages[0]
+    assert (
+        len(messages) == 1 and "MODEL_MODE_CHANGED" in messages[0] and "BatchNorm1d" in messages[0]
+    )
     ddp.module.bn.train()
     replays = step.stats.replays
     _train(step, data[14:])
@@ -215,7 +241,9 @@ def test_a_model_compiled_by_the_user(process_group, batches) -> None:
         opt.step()
         return loss.detach()
 
-    step = make_step(fn, model=compiled, optimizer=opt, strategy="whole", backend=ddpgraph.PassThroughBackend())
+    step = make_step(
+        fn, model=compiled, optimizer=opt, strategy="whole", backend=ddpgraph.PassThroughBackend()
+    )
     assert isinstance(step, CompiledStep) and step.compiled is None
     _train(step, batches(13))
     assert step.state is StepState.CAPTURED and step.stats.warmup_steps == 11
@@ -224,7 +252,9 @@ def test_a_model_compiled_by_the_user(process_group, batches) -> None:
 def test_a_model_compiled_with_its_own_graphs_is_refused(process_group) -> None:
     ddp, opt, fn = _setup()
     with pytest.raises(ddpgraph.DdpGraphUsageError, match="reduce-overhead"):
-        make_step(fn, model=torch.compile(ddp, mode="reduce-overhead"), optimizer=opt, strategy="compile")
+        make_step(
+            fn, model=torch.compile(ddp, mode="reduce-overhead"), optimizer=opt, strategy="compile"
+        )
     with pytest.raises(ddpgraph.DdpGraphUsageError, match="expected the plain model"):
         make_step(fn, model=torch.compile(ddp, backend="eager"), optimizer=opt, strategy="partial")
 
@@ -233,10 +263,16 @@ def test_without_a_graph_backend_on_cpu_nothing_is_compiled(process_group, batch
     ddp, opt, fn = _setup()
     step = make_step(fn, model=ddp, optimizer=opt, strategy="compile")
     assert ddp._compiled_call_impl is None
-    assert step.state is StepState.EAGER and step.reason is not None and step.reason.code is Code.NO_CUDA
+    assert (
+        step.state is StepState.EAGER
+        and step.reason is not None
+        and step.reason.code is Code.NO_CUDA
+    )
     ro = make_step(fn, model=ddp, optimizer=opt, strategy="reduce-overhead")
     _train(ro, batches(2))
-    assert ro.reason is not None and ro.reason.code is Code.NO_CUDA and ddp._compiled_call_impl is None
+    assert (
+        ro.reason is not None and ro.reason.code is Code.NO_CUDA and ddp._compiled_call_impl is None
+    )
 
 
 def test_fusion_modes() -> None:

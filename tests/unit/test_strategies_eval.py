@@ -43,7 +43,13 @@ def test_evaluation_between_captured_training_steps(make_run, batches, same) -> 
             sync = run.model.require_forward_param_sync
             preds.append(evaluate(data[0][0]).clone())
             counts.append(forward_counter(run.model).count - count)  # type: ignore[union-attr]
-            modes.append((run.model.training, run.model.module[3].training, run.model.require_forward_param_sync == sync))
+            modes.append(
+                (
+                    run.model.training,
+                    run.model.module[3].training,
+                    run.model.require_forward_param_sync == sync,
+                )
+            )
 
     trace = run.train(data, step, before=run_eval)
     assert evaluate.state is StepState.CAPTURED and evaluate.stats.captures == 1
@@ -79,7 +85,12 @@ def test_other_inputs_run_eagerly(make_run, batches) -> None:
         out = evaluate(odd)
     assert out.shape == (5,) and evaluate.stats.input_changes == 1
     assert any("INPUT_SIGNATURE_CHANGED" in str(w.message) for w in caught)
-    strict = capture_eval(_predict(run), model=run.model, backend=ddpgraph.PassThroughBackend(), on_input_change="raise")
+    strict = capture_eval(
+        _predict(run),
+        model=run.model,
+        backend=ddpgraph.PassThroughBackend(),
+        on_input_change="raise",
+    )
     for x, _ in data:
         strict(x)
     with pytest.raises(ddpgraph.DdpGraphError) as err:
@@ -91,7 +102,9 @@ def test_a_failed_capture_falls_back_to_eager(make_run, batches) -> None:
     run = make_run()
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        evaluate = capture_eval(_predict(run), model=run.model, backend=ddpgraph.PassThroughBackend(fail_ranks={0}))
+        evaluate = capture_eval(
+            _predict(run), model=run.model, backend=ddpgraph.PassThroughBackend(fail_ranks={0})
+        )
         outs = [evaluate(x) for x, _ in batches(5)]
     assert evaluate.state is StepState.EAGER and evaluate.reason is not None
     assert evaluate.reason.code is Code.CAPTURE_FAILED and evaluate.stats.eager_steps == 3
@@ -118,7 +131,11 @@ def test_a_shared_pool_waits_for_the_training_capture_and_follows_it(make_run, b
     run = make_run()
     training = _TrainingStep()
     evaluate = capture_eval(
-        _predict(run), model=run.model, training_step=training, pool=object(), backend=ddpgraph.PassThroughBackend()
+        _predict(run),
+        model=run.model,
+        training_step=training,
+        pool=object(),
+        backend=ddpgraph.PassThroughBackend(),
     )
     assert evaluate.pool_shared
     x = batches(1)[0][0]
@@ -134,11 +151,15 @@ def test_a_shared_pool_waits_for_the_training_capture_and_follows_it(make_run, b
     assert evaluate.stats.captures == 2 and torch.equal(out, first)
 
 
-def test_compiling_in_the_last_warmup_call_extends_the_warmup(make_run, batches, monkeypatch) -> None:
+def test_compiling_in_the_last_warmup_call_extends_the_warmup(
+    make_run, batches, monkeypatch
+) -> None:
     run = make_run()
     compiles = iter([0, 1, 1, 1, 1, 1, 1, 1])  # the probe call compiles once
     monkeypatch.setattr("ddpgraph.strategies.evaluation.compile_count", lambda: next(compiles))
-    evaluate = capture_eval(_predict(run), model=run.model, warmup_steps=1, backend=ddpgraph.PassThroughBackend())
+    evaluate = capture_eval(
+        _predict(run), model=run.model, warmup_steps=1, backend=ddpgraph.PassThroughBackend()
+    )
     x = batches(1)[0][0]
     evaluate(x)
     assert evaluate.state is StepState.WARMUP
@@ -165,7 +186,9 @@ def test_usage_errors(make_run, kwargs: dict[str, Any], match: str) -> None:
 
 def test_closed(make_run, batches) -> None:
     run = make_run()
-    with capture_eval(_predict(run), model=run.model, backend=ddpgraph.PassThroughBackend()) as evaluate:
+    with capture_eval(
+        _predict(run), model=run.model, backend=ddpgraph.PassThroughBackend()
+    ) as evaluate:
         evaluate(batches(1)[0][0])
     assert evaluate.state is StepState.CLOSED
     with pytest.raises(ddpgraph.DdpGraphError) as err:

@@ -55,7 +55,9 @@ class FakeGrapher:
     """Replaces `forward` by a wrapper, as make_graphed_callables does; fails (with the
     error a host sync inside a capture gives) or perturbs the named submodules."""
 
-    def __init__(self, net: nn.Module, fail: tuple[str, ...] = (), perturb: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, net: nn.Module, fail: tuple[str, ...] = (), perturb: tuple[str, ...] = ()
+    ) -> None:
         modules = dict(net.named_modules())
         self.fail = {id(modules[n]) for n in fail}
         self.perturb = {id(modules[n]) for n in perturb}
@@ -197,7 +199,11 @@ def test_a_gradient_kept_from_the_graph_gets_its_own_memory() -> None:
         "lin",
         lin,
         lin.forward,
-        ddpgraph.inputs.arguments.Signature([torch.zeros(2, 4)], ddpgraph.inputs.arguments.flatten_call((torch.zeros(2, 4),), {})[1], ["args[0]"]),
+        ddpgraph.inputs.arguments.Signature(
+            [torch.zeros(2, 4)],
+            ddpgraph.inputs.arguments.flatten_call((torch.zeros(2, 4),), {})[1],
+            ["args[0]"],
+        ),
         AutocastState.current("cpu"),
         [(lin.weight, lin.weight.grad.data_ptr())],
     )
@@ -275,5 +281,3 @@ def test_nothing_graphable_is_explained(make_run, batches) -> None:
     run.train(batches(2), step)
     assert step.state is StepState.EAGER
     assert step.reason is not None and "no submodule could be graphed" in step.reason.happened
-
-

@@ -22,7 +22,11 @@ def test_the_fastest_correct_strategy_wins() -> None:
     )
     assert report.winner == "whole" and report.code is SelectionCode.AUTO_CHOSE_STRATEGY
     assert "3.30 ms/step" in report.why and "12.00 ms/step eager" in report.why
-    assert [t.status for t in report.trials] == [TrialStatus.CORRECT, TrialStatus.CHOSEN, TrialStatus.CORRECT]
+    assert [t.status for t in report.trials] == [
+        TrialStatus.CORRECT,
+        TrialStatus.CHOSEN,
+        TrialStatus.CORRECT,
+    ]
 
 
 def test_a_simpler_strategy_within_the_margin_wins() -> None:
@@ -38,7 +42,10 @@ def test_a_simpler_strategy_within_the_margin_wins() -> None:
 
 def test_outside_the_margin_the_faster_one_wins() -> None:
     report = choose(
-        [_ok("eager", 12.0), _ok("whole", 3.3), _ok("compile", 2.5)], min_speedup=1.03, budget_s=60, seconds=1
+        [_ok("eager", 12.0), _ok("whole", 3.3), _ok("compile", 2.5)],
+        min_speedup=1.03,
+        budget_s=60,
+        seconds=1,
     )
     assert report.winner == "compile"
 
@@ -48,7 +55,16 @@ def test_mismatched_failed_and_skipped_strategies_never_win() -> None:
     trials = [
         _ok("eager", 12.0),
         TrialResult("whole", TrialStatus.FAILED, finding=sync),
-        TrialResult("partial", TrialStatus.MISMATCH, 1.0, 0.5, 0.5, 0.5, 1e-4, detail="differs from eager by 5.0e-01"),
+        TrialResult(
+            "partial",
+            TrialStatus.MISMATCH,
+            1.0,
+            0.5,
+            0.5,
+            0.5,
+            1e-4,
+            detail="differs from eager by 5.0e-01",
+        ),
         TrialResult("compile", TrialStatus.SKIPPED, detail="the 1 s budget was spent after 2.0 s"),
     ]
     report = choose(trials, min_speedup=1.03, budget_s=1, seconds=2.0)
@@ -67,7 +83,9 @@ def test_eager_must_be_among_the_correct_trials() -> None:
 
 
 def test_report_table_and_dict() -> None:
-    report = choose([_ok("eager", 10.0), _ok("whole", 2.0, 0.0)], min_speedup=1.03, budget_s=60, seconds=3.0)
+    report = choose(
+        [_ok("eager", 10.0), _ok("whole", 2.0, 0.0)], min_speedup=1.03, budget_s=60, seconds=3.0
+    )
     header, eager_row, whole_row = report.table_lines()
     assert header.split()[:3] == ["strategy", "ms/step", "vs"]
     assert "10.00" in eager_row and "1.00x" in eager_row

@@ -51,7 +51,9 @@ def test_split_batch_splits_every_tensor_and_repeats_other_leaves() -> None:
     parts = split_batch({"x": x, "y": y, "scale": 2.0}, 3)
     assert len(parts) == 3
     for i, part in enumerate(parts):
-        assert torch.equal(part["x"], x[2 * i : 2 * i + 2]) and torch.equal(part["y"], y[2 * i : 2 * i + 2])
+        assert torch.equal(part["x"], x[2 * i : 2 * i + 2]) and torch.equal(
+            part["y"], y[2 * i : 2 * i + 2]
+        )
         assert part["scale"] == 2.0
         assert part["x"].data_ptr() == x[2 * i].data_ptr()  # a view: nothing copied
     first, _ = split_batch((x, y), 2)
@@ -106,7 +108,13 @@ def test_scaler_scales_each_micro_batch() -> None:
     plain, scaled = _model(), _model()
     accumulate(plain, (x, y), lambda xb, yb: F.cross_entropy(plain(xb), yb), micro_batches=2)
     scaler = GraphSafeGradScaler(init_scale=1024.0)
-    accumulate(scaled, (x, y), lambda xb, yb: F.cross_entropy(scaled(xb), yb), micro_batches=2, scaler=scaler)
+    accumulate(
+        scaled,
+        (x, y),
+        lambda xb, yb: F.cross_entropy(scaled(xb), yb),
+        micro_batches=2,
+        scaler=scaler,
+    )
     for g, h in zip(_grads(scaled), _grads(plain), strict=True):
         torch.testing.assert_close(g, h * 1024.0, rtol=1e-6, atol=0)
 
@@ -134,14 +142,18 @@ def test_ddp_all_reduces_once_per_step_and_counts_one_iteration(process_group: A
     assert counter.count == 3
 
 
-def test_captured_accumulation_equals_eager_and_warms_up_as_usual(process_group: Any, same: Any) -> None:
+def test_captured_accumulation_equals_eager_and_warms_up_as_usual(
+    process_group: Any, same: Any
+) -> None:
     def build() -> tuple[Any, torch.optim.Optimizer, Any]:
         ddp = ddpgraph.prepare_ddp(_model())
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 
         def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
-            loss = accumulate(ddp, (x, y), lambda xb, yb: F.cross_entropy(ddp(xb), yb), micro_batches=4)
+            loss = accumulate(
+                ddp, (x, y), lambda xb, yb: F.cross_entropy(ddp(xb), yb), micro_batches=4
+            )
             torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
             opt.step()
             return loss
@@ -155,7 +167,9 @@ def test_captured_accumulation_equals_eager_and_warms_up_as_usual(process_group:
 
     ddp, opt, train_step = build()
     calls = _count_allreduces(ddp)
-    step = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt, backend=ddpgraph.PassThroughBackend())
+    step = ddpgraph.capture_step(
+        train_step, model=ddp, optimizer=opt, backend=ddpgraph.PassThroughBackend()
+    )
     losses = []
     for x, y in data:
         losses.append(float(step(x, y)))

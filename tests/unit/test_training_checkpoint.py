@@ -52,14 +52,21 @@ class Loop:
 
     def state(self) -> dict[str, Any]:
         return training_state(
-            model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-            scaler=self.scaler, generators=[self.noise],
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.scaler,
+            generators=[self.noise],
         )
 
     def load(self, state: dict[str, Any]) -> None:
         load_training_state(
-            state, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-            scaler=self.scaler, generators=[self.noise],
+            state,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.scaler,
+            generators=[self.noise],
         )
 
     def params(self) -> list[torch.Tensor]:
@@ -68,7 +75,9 @@ class Loop:
 
 def _module() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Tanh(), nn.Dropout(0.2), nn.Linear(32, 4))
+    return nn.Sequential(
+        nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Tanh(), nn.Dropout(0.2), nn.Linear(32, 4)
+    )
 
 
 def _loop(*, captured: bool, seed: int = 1) -> Loop:
@@ -81,7 +90,11 @@ def _loop(*, captured: bool, seed: int = 1) -> Loop:
     torch.manual_seed(seed)
     if captured:
         loop.step = ddpgraph.capture_step(
-            loop.train_step, model=model, optimizer=opt, scaler=scaler, generators=[loop.noise],
+            loop.train_step,
+            model=model,
+            optimizer=opt,
+            scaler=scaler,
+            generators=[loop.noise],
             backend=ddpgraph.PassThroughBackend(),
         )
     else:
@@ -120,7 +133,9 @@ def test_saved_state_is_a_copy(process_group: Any, data: Any, same: Any) -> None
     assert same(list(state["model"].values()), params)
 
 
-def test_loading_into_the_live_graph_repeats_the_same_steps(process_group: Any, data: Any, same: Any) -> None:
+def test_loading_into_the_live_graph_repeats_the_same_steps(
+    process_group: Any, data: Any, same: Any
+) -> None:
     loop = _loop(captured=True)
     loop.run(data[:14])
     state = _roundtrip(loop.state())
@@ -133,7 +148,9 @@ def test_loading_into_the_live_graph_repeats_the_same_steps(process_group: Any, 
     assert loop.step.state is StepState.CAPTURED and loop.step.stats.captures == 1
 
 
-def test_resuming_with_new_objects_equals_not_stopping(process_group: Any, data: Any, same: Any) -> None:
+def test_resuming_with_new_objects_equals_not_stopping(
+    process_group: Any, data: Any, same: Any
+) -> None:
     straight = _loop(captured=True)
     straight.run(data[:14])
     state = _roundtrip(straight.state())

@@ -15,7 +15,9 @@ from ddpgraph.training.monitor import NonFiniteMonitor, StepValues
 NAN = float("nan")
 
 
-def _steps(monitor: NonFiniteMonitor, losses: list[float], **extra: list[float]) -> list[StepValues | None]:
+def _steps(
+    monitor: NonFiniteMonitor, losses: list[float], **extra: list[float]
+) -> list[StepValues | None]:
     """Record each loss (and extra values) as a step would, then call `after_step`."""
     reports = []
     for i, value in enumerate(losses):

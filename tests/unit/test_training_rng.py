@@ -16,7 +16,9 @@ from ddpgraph.backends import rng
 from ddpgraph.training.scaler import GraphSafeGradScaler
 
 
-def _noisy_run(make_run: Any, noise: torch.Generator, scaler: GraphSafeGradScaler | None = None) -> Any:
+def _noisy_run(
+    make_run: Any, noise: torch.Generator, scaler: GraphSafeGradScaler | None = None
+) -> Any:
     """A run whose step adds noise drawn from `noise` and, with `scaler`, scales the loss."""
     run = make_run(graph_safe=True)
 
@@ -37,7 +39,9 @@ def _noisy_run(make_run: Any, noise: torch.Generator, scaler: GraphSafeGradScale
     return run
 
 
-def test_registered_generator_follows_eager_training(make_run: Any, batches: Any, same: Any) -> None:
+def test_registered_generator_follows_eager_training(
+    make_run: Any, batches: Any, same: Any
+) -> None:
     data = batches(16)
     ref = _noisy_run(make_run, torch.Generator().manual_seed(5))
     ref_trace = ref.train(data)
@@ -49,7 +53,9 @@ def test_registered_generator_follows_eager_training(make_run: Any, batches: Any
     assert same(run.params(), ref.params())
 
 
-def test_unregistered_generator_is_drawn_from_twice_by_the_stand_in(make_run: Any, batches: Any) -> None:
+def test_unregistered_generator_is_drawn_from_twice_by_the_stand_in(
+    make_run: Any, batches: Any
+) -> None:
     """Why `generators=` exists on CPU too: the stand-in's recording runs the step."""
     data = batches(14)
     ref_trace = _noisy_run(make_run, torch.Generator().manual_seed(5)).train(data)
@@ -59,7 +65,9 @@ def test_unregistered_generator_is_drawn_from_twice_by_the_stand_in(make_run: An
     assert trace.losses[11:] != ref_trace.losses[11:]
 
 
-def test_scaler_is_put_back_after_a_failed_recording(make_run: Any, batches: Any, same: Any) -> None:
+def test_scaler_is_put_back_after_a_failed_recording(
+    make_run: Any, batches: Any, same: Any
+) -> None:
     data = batches(16)
     ref_scaler = GraphSafeGradScaler(init_scale=2.0**6, growth_interval=2)
     ref = _noisy_run(make_run, torch.Generator().manual_seed(5), ref_scaler)
@@ -90,8 +98,12 @@ def test_generators_are_checked(make_run: Any, monkeypatch: pytest.MonkeyPatch) 
     assert old is not None and old.code is ddpgraph.Code.TORCH_TOO_OLD
     assert "register_generator_state" in old.happened and "default generator" in old.hint
     assert rng.generators_refusal([], device, cuda_graphs=True) is None
-    monkeypatch.setattr(torch.cuda.CUDAGraph, "register_generator_state", lambda self, g: None, raising=False)
-    with pytest.raises(ddpgraph.DdpGraphUsageError, match=re.escape("torch.Generator(device='cuda:0')")):
+    monkeypatch.setattr(
+        torch.cuda.CUDAGraph, "register_generator_state", lambda self, g: None, raising=False
+    )
+    with pytest.raises(
+        ddpgraph.DdpGraphUsageError, match=re.escape("torch.Generator(device='cuda:0')")
+    ):
         rng.generators_refusal(cpu, device, cuda_graphs=True)
 
 
@@ -103,8 +115,13 @@ class _FakeGraph:
         self.registered.append(g)
 
 
-@pytest.mark.parametrize(("version", "lazily"), [("2.11.0+cu130", False), ("2.4.1", False), ("2.14.0a0+4fdf77b", True), ("3.0", True)])
-def test_registration_is_explicit_before_2_14(version: str, lazily: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("version", "lazily"),
+    [("2.11.0+cu130", False), ("2.4.1", False), ("2.14.0a0+4fdf77b", True), ("3.0", True)],
+)
+def test_registration_is_explicit_before_2_14(
+    version: str, lazily: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(torch, "__version__", version)
     assert (rng._version() >= (2, 14)) is lazily
     monkeypatch.setattr(rng, "REGISTERS_LAZILY", lazily)

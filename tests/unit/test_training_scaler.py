@@ -25,7 +25,9 @@ OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
 # ------------------------------------------------------------------ the schedule arithmetic
-def _device_state(scale: float, tracker: int, growth: float, backoff: float, interval: int) -> DeviceState:
+def _device_state(
+    scale: float, tracker: int, growth: float, backoff: float, interval: int
+) -> DeviceState:
     return DeviceState(
         scale=torch.tensor(scale, dtype=torch.float32),
         growth_tracker=torch.tensor(tracker, dtype=torch.int32),
@@ -46,7 +48,9 @@ def _device_state(scale: float, tracker: int, growth: float, backoff: float, int
         (1.0001, 0.999, 5, 1e-30),
     ],
 )
-def test_schedule_matches_torch_kernel_bit_for_bit(growth: float, backoff: float, interval: int, start: float) -> None:
+def test_schedule_matches_torch_kernel_bit_for_bit(
+    growth: float, backoff: float, interval: int, start: float
+) -> None:
     rng = random.Random(0)
     ours = _device_state(start, 0, growth, backoff, interval)
     ref_scale = torch.tensor(start, dtype=torch.float32)
@@ -135,12 +139,16 @@ def test_training_matches_torch_grad_scaler(name: str, clip: bool) -> None:
     # Step 0 overflows before the optimizer has state (decided on the host, once);
     # 5 and 6 overflow in a row; 10 after growth.
     inject = frozenset({0, 5, 6, 10})
-    ref = _train(torch.amp.GradScaler("cpu", **SCHEDULE), OPTIMIZERS[name], inject=inject, clip=clip)
+    ref = _train(
+        torch.amp.GradScaler("cpu", **SCHEDULE), OPTIMIZERS[name], inject=inject, clip=clip
+    )
     ours = _train(GraphSafeGradScaler(**SCHEDULE), OPTIMIZERS[name], inject=inject, clip=clip)
     assert ours.scales == ref.scales
     assert len(set(ref.scales)) > 2  # the scale backed off and grew
     for step, (a, b) in enumerate(zip(ours.params, ref.params, strict=True)):
-        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"params differ at step {step}"
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), (
+            f"params differ at step {step}"
+        )
     for step, (a, b) in enumerate(zip(ours.states, ref.states, strict=True)):
         if not a and all(not t.any() for t in b):
             continue  # a skipped first step: GradScaler's fused path creates zero state, ours none
@@ -149,7 +157,9 @@ def test_training_matches_torch_grad_scaler(name: str, clip: bool) -> None:
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_skipped_step_leaves_parameters_and_state_unchanged(name: str) -> None:
-    trace = _train(GraphSafeGradScaler(**SCHEDULE), OPTIMIZERS[name], steps=6, inject=frozenset({4}))
+    trace = _train(
+        GraphSafeGradScaler(**SCHEDULE), OPTIMIZERS[name], steps=6, inject=frozenset({4})
+    )
     assert all(torch.equal(a, b) for a, b in zip(trace.params[3], trace.params[4], strict=True))
     assert all(torch.equal(a, b) for a, b in zip(trace.states[3], trace.states[4], strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(trace.params[4], trace.params[5], strict=True))
@@ -158,8 +168,18 @@ def test_skipped_step_leaves_parameters_and_state_unchanged(name: str) -> None:
 def test_skipped_first_step_of_fused_sgd_leaves_no_uninitialised_momentum() -> None:
     """Under GradScaler, fused SGD's skipped first step keeps `empty_like` momentum buffers;
     here the first step is not run at all, so training equals the non-fused optimizer's."""
-    fused = _train(GraphSafeGradScaler(**SCHEDULE), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True), steps=6, inject=frozenset({0}))
-    plain = _train(torch.amp.GradScaler("cpu", **SCHEDULE), OPTIMIZERS["sgd-momentum"], steps=6, inject=frozenset({0}))
+    fused = _train(
+        GraphSafeGradScaler(**SCHEDULE),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True),
+        steps=6,
+        inject=frozenset({0}),
+    )
+    plain = _train(
+        torch.amp.GradScaler("cpu", **SCHEDULE),
+        OPTIMIZERS["sgd-momentum"],
+        steps=6,
+        inject=frozenset({0}),
+    )
     assert fused.states[0] == [] and fused.scales == plain.scales
     for a, b in zip(fused.params, plain.params, strict=True):
         for x, y in zip(a, b, strict=True):
@@ -170,7 +190,9 @@ def test_read_reports_skips_with_one_call() -> None:
     scaler = GraphSafeGradScaler(init_scale=8.0, growth_interval=100)
     _train(scaler, OPTIMIZERS["adamw"], steps=5, inject=frozenset({1, 3}))
     stats = scaler.read()
-    assert stats == ddpgraph.training.scaler.ScalerStats(scale=2.0, growth_tracker=1, skipped_steps=2, last_step_skipped=False)
+    assert stats == ddpgraph.training.scaler.ScalerStats(
+        scale=2.0, growth_tracker=1, skipped_steps=2, last_step_skipped=False
+    )
     tensors = scaler.tensors
     assert tensors is not None and float(tensors.scale) == 2.0 and int(tensors.skipped_steps) == 2
 
@@ -227,7 +249,14 @@ def test_load_writes_into_the_live_tensors() -> None:
     before = scaler.tensors
     assert before is not None
     scaler.load_state_dict(
-        {"scale": 4.0, "growth_factor": 3.0, "backoff_factor": 0.25, "growth_interval": 7, "_growth_tracker": 2, "skipped_steps": 9}
+        {
+            "scale": 4.0,
+            "growth_factor": 3.0,
+            "backoff_factor": 0.25,
+            "growth_interval": 7,
+            "_growth_tracker": 2,
+            "skipped_steps": 9,
+        }
     )
     after = scaler.tensors
     assert after is not None
@@ -246,8 +275,16 @@ def test_setters_reach_the_device_schedule() -> None:
     scaler.set_growth_interval(2)
     state = scaler._state
     assert state is not None
-    assert (float(state.growth_factor), float(state.backoff_factor), int(state.growth_interval)) == (4.0, 0.125, 2)
-    assert (scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval()) == (4.0, 0.125, 2)
+    assert (
+        float(state.growth_factor),
+        float(state.backoff_factor),
+        int(state.growth_interval),
+    ) == (4.0, 0.125, 2)
+    assert (
+        scaler.get_growth_factor(),
+        scaler.get_backoff_factor(),
+        scaler.get_growth_interval(),
+    ) == (4.0, 0.125, 2)
 
 
 def test_snapshot_puts_state_and_stages_back() -> None:
@@ -295,8 +332,12 @@ def test_misuse_is_reported_in_the_standard_form() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"growth_factor": 1.0}, "growth_factor"), ({"backoff_factor": 1.0}, "backoff_factor"),
-     ({"growth_interval": 0}, "growth_interval"), ({"init_scale": float("inf")}, "init_scale")],
+    [
+        ({"growth_factor": 1.0}, "growth_factor"),
+        ({"backoff_factor": 1.0}, "backoff_factor"),
+        ({"growth_interval": 0}, "growth_interval"),
+        ({"init_scale": float("inf")}, "init_scale"),
+    ],
 )
 def test_schedule_arguments_are_checked(kwargs: dict[str, Any], name: str) -> None:
     with pytest.raises(ddpgraph.DdpGraphUsageError, match=name):

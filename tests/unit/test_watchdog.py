@@ -62,10 +62,14 @@ class Board(NoBoard):
     def __init__(self) -> None:
         self.published: list[tuple[int, int, int | None]] = []
 
-    def maybe_publish(self, launched: int, finished: int, now: float, calls: int | None = None) -> None:
+    def maybe_publish(
+        self, launched: int, finished: int, now: float, calls: int | None = None
+    ) -> None:
         self.published.append((launched, finished, None))
 
-    def publish(self, launched: int, finished: int, timed_out: int | None = None, calls: int | None = None) -> None:
+    def publish(
+        self, launched: int, finished: int, timed_out: int | None = None, calls: int | None = None
+    ) -> None:
         self.published.append((launched, finished, timed_out))
 
     def describe_others(self) -> str:
@@ -220,8 +224,12 @@ def test_disabled_watchdog_records_nothing() -> None:
 def test_the_thread_reports_and_close_stops_it() -> None:
     events: list[StandInEvent] = []
     wd = ReplayWatchdog(
-        0.05, "report", "s", event_factory=lambda: events.append(StandInEvent()) or events[-1],
-        board=Board(), poll_s=0.01,
+        0.05,
+        "report",
+        "s",
+        event_factory=lambda: events.append(StandInEvent()) or events[-1],
+        board=Board(),
+        poll_s=0.01,
     )
     wd.after_replay()
     assert wd._thread is not None and wd._thread.daemon

@@ -30,7 +30,11 @@ def run_mode(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str
         env.pop(name, None)
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), mode, str(out)],
-        env=env, capture_output=True, text=True, timeout=180, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
     result = json.loads(out.read_text()) if out.exists() else {}
     return proc, result

@@ -93,7 +93,9 @@ class Decision:
                 f"{first.happened} (only on rank{'s' if len(failed) > 1 else ''} "
                 f"{format_ranks(failed)}; every rank takes the same path)"
             )
-            return Finding(first.code, happened, first.fix, first.subject, first.location, first.ranks)
+            return Finding(
+                first.code, happened, first.fix, first.subject, first.location, first.ranks
+            )
         return first
 
 

@@ -52,14 +52,22 @@ class PeerBoard:
     def key(self, rank: int) -> str:
         return f"{PREFIX}/{self.index}/{rank}"
 
-    def maybe_publish(self, launched: int, finished: int, now: float, calls: int | None = None) -> None:
+    def maybe_publish(
+        self, launched: int, finished: int, now: float, calls: int | None = None
+    ) -> None:
         """Publish the counts if they changed and `publish_s` passed since the last write."""
-        if (launched, finished, calls) == self._published or now - self._last_publish < self.publish_s:
+        if (
+            launched,
+            finished,
+            calls,
+        ) == self._published or now - self._last_publish < self.publish_s:
             return
         self._last_publish = now
         self.publish(launched, finished, calls=calls)
 
-    def publish(self, launched: int, finished: int, timed_out: int | None = None, calls: int | None = None) -> None:
+    def publish(
+        self, launched: int, finished: int, timed_out: int | None = None, calls: int | None = None
+    ) -> None:
         entry = {
             "launched": launched,
             "finished": finished,
@@ -98,10 +106,17 @@ class PeerBoard:
             if entry is None:
                 silent.append(r)
                 continue
-            key = (int(entry.get("launched", 0)), int(entry.get("finished", 0)), entry.get("timed_out"), entry.get("calls"))
+            key = (
+                int(entry.get("launched", 0)),
+                int(entry.get("finished", 0)),
+                entry.get("timed_out"),
+                entry.get("calls"),
+            )
             groups.setdefault(key, []).append((r, max(0.0, now - float(entry.get("time", now)))))
         parts = []
-        for (launched, finished, timed_out, calls), members in sorted(groups.items(), key=lambda kv: kv[0][:2]):
+        for (launched, finished, timed_out, calls), members in sorted(
+            groups.items(), key=lambda kv: kv[0][:2]
+        ):
             ranks = [r for r, _ in members]
             ago = round(max(a for _, a in members))
             who = f"rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)}"
@@ -120,10 +135,14 @@ class PeerBoard:
 class NoBoard:
     """Without a store (no process group): nothing to publish, nothing known of peers."""
 
-    def maybe_publish(self, launched: int, finished: int, now: float, calls: int | None = None) -> None:
+    def maybe_publish(
+        self, launched: int, finished: int, now: float, calls: int | None = None
+    ) -> None:
         return
 
-    def publish(self, launched: int, finished: int, timed_out: int | None = None, calls: int | None = None) -> None:
+    def publish(
+        self, launched: int, finished: int, timed_out: int | None = None, calls: int | None = None
+    ) -> None:
         return
 
     def describe_others(self) -> str:
@@ -140,7 +159,9 @@ def collective_failed(error: BaseException) -> bool:
     dist_error = getattr(torch.distributed, "DistError", None)
     if dist_error is not None and isinstance(error, dist_error):
         return True
-    return isinstance(error, RuntimeError) and any(marker in str(error) for marker in _GLOO_FAILURES)
+    return isinstance(error, RuntimeError) and any(
+        marker in str(error) for marker in _GLOO_FAILURES
+    )
 
 
 def stopped_finding(error: BaseException, waited_in: str, call: int, others: str) -> Finding:
@@ -176,4 +197,6 @@ class NamingStoppedRanks:
 
     def name(self, error: RuntimeError) -> None:
         if collective_failed(error):
-            raise DdpGraphError(stopped_finding(error, self.waited_in, self.call, self.others())) from error
+            raise DdpGraphError(
+                stopped_finding(error, self.waited_in, self.call, self.others())
+            ) from error

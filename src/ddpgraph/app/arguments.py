@@ -61,7 +61,9 @@ def say_before_start(lines: list[str]) -> None:
         print(f"ddpgraph: warning: {line}", file=sys.stderr, flush=True)
 
 
-def output_file(option: str, path: str | None, example: str, suffixes: tuple[str, ...] = ()) -> None:
+def output_file(
+    option: str, path: str | None, example: str, suffixes: tuple[str, ...] = ()
+) -> None:
     """Refuse a file that cannot be written at the end of the run: a folder that does not
     exist or is not writable, a path that is a folder, or (given `suffixes`) a format the
     writer does not know."""

@@ -18,8 +18,14 @@ from .job import INTERRUPTED_EXIT
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ddpgraph.app.demo", "train a small GPT eagerly and captured, and show the speedup"),
-    "bench": ("ddpgraph.bench.command", "benchmark a model under every capture strategy, side by side"),
-    "doctor": ("ddpgraph.doctor.command", "run a training script and name the cause of a failed capture"),
+    "bench": (
+        "ddpgraph.bench.command",
+        "benchmark a model under every capture strategy, side by side",
+    ),
+    "doctor": (
+        "ddpgraph.doctor.command",
+        "run a training script and name the cause of a failed capture",
+    ),
 }
 
 

@@ -56,16 +56,34 @@ class RunResult:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: 300 on GPU, 40 on CPU)")
-    parser.add_argument("--batch", type=int, default=8, help="sequences per GPU per step (default: 8)")
-    parser.add_argument("--nproc", type=int, default=None, help="processes when launching itself (default: GPUs, or 2 on CPU)")
-    parser.add_argument("--json", dest="json_path", default=None, help="also write the results as JSON to this file")
-    parser.add_argument("--cpu", action="store_true", help="run on CPU processes even if CUDA is available")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps per run (default: 300 on GPU, 40 on CPU)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=8, help="sequences per GPU per step (default: 8)"
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="processes when launching itself (default: GPUs, or 2 on CPU)",
+    )
+    parser.add_argument(
+        "--json", dest="json_path", default=None, help="also write the results as JSON to this file"
+    )
+    parser.add_argument(
+        "--cpu", action="store_true", help="run on CPU processes even if CUDA is available"
+    )
 
 
 def check_args(args: argparse.Namespace) -> None:
     """Every argument, before any worker starts (`DdpGraphUsageError` for the first bad one)."""
-    arguments.at_least("--steps", args.steps, 2, "use --steps 2 or more: timing needs a window of steps")
+    arguments.at_least(
+        "--steps", args.steps, 2, "use --steps 2 or more: timing needs a window of steps"
+    )
     arguments.at_least("--batch", args.batch, 1)
     arguments.process_count(args.nproc, args.cpu)
     arguments.output_file("--json", args.json_path, "demo.json")
@@ -161,7 +179,11 @@ def _loop(
 def _training(info: DistInfo, workload: Workload, steps: int, *, prepared: bool):  # type: ignore[no-untyped-def]
     """The model, optimizer and schedule every run starts from."""
     model = _model(info, workload)
-    ddp = prepare_ddp(model) if prepared else DDP(model, device_ids=infer_device_ids({info.device}, None))
+    ddp = (
+        prepare_ddp(model)
+        if prepared
+        else DDP(model, device_ids=infer_device_ids({info.device}, None))
+    )
     # On CPU, the fused kernel: the foreach one reads its step count on the host, which
     # the emulated capture refuses as a GPU capture refuses it.
     fused = None if info.device.type == "cuda" else True
@@ -189,7 +211,9 @@ def _eager(graph_safe: bool) -> Callable[..., RunResult]:
 def _captured(name, info, workload, options, batches, steps, tick):  # type: ignore[no-untyped-def]
     ddp, opt, sched = _training(info, workload, steps, prepared=True)
     backend = None if info.device.type == "cuda" else emulation_backend()
-    with capture_step(make_train_step(ddp, opt, workload.loss, options), model=ddp, optimizer=opt, backend=backend) as step:
+    with capture_step(
+        make_train_step(ddp, opt, workload.loss, options), model=ddp, optimizer=opt, backend=backend
+    ) as step:
         result = _loop(name, step, sched, ddp, info, batches, steps, tick)
         s = step.stats
         result.replays = s.replays
@@ -225,7 +249,9 @@ def _print(info: DistInfo, args: argparse.Namespace, results: list[RunResult], r
         if info.device.type == "cuda"
         else f"{info.world_size} CPU processes (gloo), capture emulated on CPU"
     )
-    table = Table(title=f"ddpgraph demo: TinyGPT, batch {args.batch}/rank, {len(base.losses)} steps, {where}")
+    table = Table(
+        title=f"ddpgraph demo: TinyGPT, batch {args.batch}/rank, {len(base.losses)} steps, {where}"
+    )
     table.add_column("run")
     table.add_column("ms/step", justify="right")
     table.add_column("speedup", justify="right")
@@ -240,7 +266,9 @@ def _print(info: DistInfo, args: argparse.Namespace, results: list[RunResult], r
     console().print(table)
     if cap.replays == 0:
         # Every row ran eagerly: a speedup there is run-to-run noise, not a gain.
-        rank0_print("Nothing was captured, so all three runs are eager; their ms/step differ only by noise.")
+        rank0_print(
+            "Nothing was captured, so all three runs are eager; their ms/step differ only by noise."
+        )
     elif info.device.type != "cuda":
         rank0_print(
             "CPU emulation: capture_step recorded the step once and replayed its operations and "
@@ -269,11 +297,20 @@ def _write_json(path: str, info: DistInfo, results: list[RunResult], reason: str
         "device": torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "runs": [
-            {"name": r.name, "ms_per_step": r.ms_per_step, "spread_ms": r.spread_ms, "losses": r.losses}
+            {
+                "name": r.name,
+                "ms_per_step": r.ms_per_step,
+                "spread_ms": r.spread_ms,
+                "losses": r.losses,
+            }
             for r in results
         ],
-        "max_abs_loss_diff_captured_vs_graph_safe_eager": _max_abs(results[1].losses, results[2].losses),
-        "param_rel_diff_captured_vs_graph_safe_eager": _param_rel(results[1].params, results[2].params),
+        "max_abs_loss_diff_captured_vs_graph_safe_eager": _max_abs(
+            results[1].losses, results[2].losses
+        ),
+        "param_rel_diff_captured_vs_graph_safe_eager": _param_rel(
+            results[1].params, results[2].params
+        ),
         "reason": reason,
     }
     with open(path, "w") as fh:

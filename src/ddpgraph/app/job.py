@@ -41,7 +41,9 @@ def _parents() -> dict[int, int]:
                     parents[int(entry.name)] = int(stat[1])
         return parents
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, check=False).stdout
+        out = subprocess.run(
+            ["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, check=False
+        ).stdout
         for line in out.splitlines():
             pid, ppid = line.split()
             parents[int(pid)] = int(ppid)
@@ -85,7 +87,12 @@ def _signal(pids: Sequence[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-def stop_job(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace_s: float = 15.0, *, quiet: bool = False) -> int:
+def stop_job(
+    proc: subprocess.Popen[bytes] | subprocess.Popen[str],
+    grace_s: float = 15.0,
+    *,
+    quiet: bool = False,
+) -> int:
     """Stop torchrun (`proc`) and every process of its job; return how many there were.
 
     SIGTERM to each one's process group first (the doctor's workers write their records
@@ -111,6 +118,7 @@ def stop_job(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace_s: flo
 def _terminate_as_exit() -> Iterator[None]:
     """SIGTERM to this command (a scheduler ending it) raises SystemExit, so that the job
     is stopped with it instead of being left behind."""
+
     def exit_now(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
@@ -134,7 +142,11 @@ def run_job(command: Sequence[str], env: dict[str, str]) -> int:
             return proc.wait()
     except KeyboardInterrupt:
         count = stop_job(proc, grace_s=5.0, quiet=True)
-        print(f"ddpgraph: interrupted; stopped the job's {count} processes.", file=sys.stderr, flush=True)
+        print(
+            f"ddpgraph: interrupted; stopped the job's {count} processes.",
+            file=sys.stderr,
+            flush=True,
+        )
         return INTERRUPTED_EXIT
     except BaseException:
         stop_job(proc, grace_s=5.0, quiet=True)

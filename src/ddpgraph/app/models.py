@@ -95,7 +95,9 @@ class _BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(cout)
         self.skip: nn.Module = nn.Identity()
         if stride != 1 or cin != cout:
-            self.skip = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            self.skip = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.relu(self.bn1(self.conv1(x)))
@@ -155,7 +157,9 @@ CPU_GPT_CONFIG = GPTConfig(vocab=256, block=32, layers=2, dim=64, heads=4)
 def gpt_workload(cfg: GPTConfig | None = None) -> Workload:
     c = cfg or GPTConfig()
 
-    def batch(n: int, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        n: int, gen: torch.Generator, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # A learnable sequence task: each token is the previous one plus a fixed step.
         start = torch.randint(0, c.vocab, (n, 1), generator=gen)
         step = torch.randint(1, 7, (n, 1), generator=gen)
@@ -169,22 +173,32 @@ def gpt_workload(cfg: GPTConfig | None = None) -> Workload:
 
 
 def mlp_workload(dim: int = 256, hidden: int = 1024, depth: int = 4) -> Workload:
-    def batch(n: int, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        n: int, gen: torch.Generator, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(n, dim, generator=gen)
         y = (x[:, :10].argmax(dim=1)).long()
         return x.to(device), y.to(device)
 
-    return Workload("mlp", lambda: MLP(dim, hidden, depth), batch, lambda o, y: F.cross_entropy(o.float(), y))
+    return Workload(
+        "mlp", lambda: MLP(dim, hidden, depth), batch, lambda o, y: F.cross_entropy(o.float(), y)
+    )
 
 
 def cnn_workload(image: int = 64, classes: int = 100) -> Workload:
-    def batch(n: int, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        n: int, gen: torch.Generator, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(n, 3, image, image, generator=gen)
         y = torch.randint(0, classes, (n,), generator=gen)
         return x.to(device), y.to(device)
 
     return Workload(
-        "resnet18", lambda: resnet18(classes), batch, lambda o, y: F.cross_entropy(o.float(), y), "images"
+        "resnet18",
+        lambda: resnet18(classes),
+        batch,
+        lambda o, y: F.cross_entropy(o.float(), y),
+        "images",
     )
 
 

@@ -31,7 +31,9 @@ def make_train_step(
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(
-            device_type, dtype=options.amp_dtype or torch.float32, enabled=options.amp_dtype is not None
+            device_type,
+            dtype=options.amp_dtype or torch.float32,
+            enabled=options.amp_dtype is not None,
         ):
             out = model(x)
         loss = loss_fn(out, y)

@@ -46,7 +46,9 @@ def in_capture_mode(original: Callable[..., Any], mode: str, owner: int) -> Call
     mode on thread `owner`; other threads' captures and an explicit other mode are left
     as they are."""
 
-    def capture_begin(graph: Any, pool: Any = None, capture_error_mode: str = TORCH_DEFAULT_MODE, **kwargs: Any) -> Any:
+    def capture_begin(
+        graph: Any, pool: Any = None, capture_error_mode: str = TORCH_DEFAULT_MODE, **kwargs: Any
+    ) -> Any:
         if capture_error_mode == TORCH_DEFAULT_MODE and threading.get_ident() == owner:
             capture_error_mode = mode
         return original(graph, pool, capture_error_mode=capture_error_mode, **kwargs)

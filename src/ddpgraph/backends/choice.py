@@ -18,7 +18,10 @@ from .graph import CudaGraphBackend, GraphBackend
 
 
 def choose_backend(
-    model: nn.Module, device: torch.device, backend: GraphBackend | None, stream: torch.cuda.Stream | None
+    model: nn.Module,
+    device: torch.device,
+    backend: GraphBackend | None,
+    stream: torch.cuda.Stream | None,
 ) -> tuple[GraphBackend | None, torch.cuda.Stream | None, Finding | None]:
     """The backend and stream a step captures with, or why it cannot capture at all."""
     if not can_run_graphs(device):
@@ -29,7 +32,11 @@ def choose_backend(
             if not torch.cuda.is_available()
             else f"the model's parameters are on {device}"
         )
-        return None, None, Finding(Code.NO_CUDA, f"{why}; the step runs eagerly", subject="`capture_step`")
+        return (
+            None,
+            None,
+            Finding(Code.NO_CUDA, f"{why}; the step runs eagerly", subject="`capture_step`"),
+        )
     built_on = ddp_tools.built_on_stream(model)
     if stream is not None:
         if isinstance(model, DDP):
@@ -51,4 +58,6 @@ def choose_backend(
 def needs_adoption(model: nn.Module, stream: torch.cuda.Stream | None) -> bool:
     """Whether `model` is a DDP built on another stream than `stream`, the capture stream
     `choose_backend` picked: it must be adopted (`adopt.apply_adoption`) before warm-up."""
-    return stream is not None and isinstance(model, DDP) and ddp_tools.built_on_stream(model) is None
+    return (
+        stream is not None and isinstance(model, DDP) and ddp_tools.built_on_stream(model) is None
+    )

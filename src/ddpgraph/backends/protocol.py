@@ -27,7 +27,11 @@ class CaptureError(DdpGraphError):
         self.cause = cause
         self.end_error = end_error
         first = cause if cause is not None else end_error
-        super().__init__(Finding(Code.CAPTURE_FAILED, f"{type(first).__name__}: {first}", subject="graph recording"))
+        super().__init__(
+            Finding(
+                Code.CAPTURE_FAILED, f"{type(first).__name__}: {first}", subject="graph recording"
+            )
+        )
 
 
 class CapturedGraph(Protocol):

@@ -57,7 +57,13 @@ from .rng import keep_states
 # Operations that only allocate: their output's values are undefined, so a replay has
 # nothing to recompute.
 _ALLOCATIONS = frozenset(
-    {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided"}
+    {
+        "aten::empty",
+        "aten::empty_strided",
+        "aten::empty_like",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+    }
 )
 # Collectives, recorded without being run; a replay runs them.
 _COLLECTIVES = "c10d"
@@ -65,14 +71,25 @@ _NOT_RECORDED = frozenset({"profiler"})
 # Operations that update running statistics in place without saying so in their schema
 # (the last two are SyncBatchNorm's, which updates them from every rank's statistics).
 _UNDECLARED_WRITES = frozenset(
-    {"aten::native_batch_norm", "aten::_batch_norm_impl_index", "aten::miopen_batch_norm", "aten::cudnn_batch_norm",
-     "aten::batch_norm_gather_stats_with_counts", "aten::batch_norm_gather_stats"}
+    {
+        "aten::native_batch_norm",
+        "aten::_batch_norm_impl_index",
+        "aten::miopen_batch_norm",
+        "aten::cudnn_batch_norm",
+        "aten::batch_norm_gather_stats_with_counts",
+        "aten::batch_norm_gather_stats",
+    }
 )
 _ENGINE = (os.path.join("torch", "autograd", "graph.py"), "_engine_run_backward")
 # Where torch hands an operation to a mode.
 _DISPATCH_FILES = tuple(
     os.path.join(os.path.dirname(torch.__file__), *parts)
-    for parts in (("overrides.py",), ("_compile.py",), ("_dynamo", "eval_frame.py"), ("utils", "_python_dispatch.py"))
+    for parts in (
+        ("overrides.py",),
+        ("_compile.py",),
+        ("_dynamo", "eval_frame.py"),
+        ("utils", "_python_dispatch.py"),
+    )
 )
 
 
@@ -98,7 +115,9 @@ def _key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
 
-def _written(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+def _written(
+    func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[torch.Tensor]:
     """The tensor arguments `func` writes, as its schema declares (`Tensor(a!)`)."""
     written: list[torch.Tensor] = []
     for i, arg in enumerate(func._schema.arguments):
@@ -111,7 +130,9 @@ def _written(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[st
 
 def _is_view(func: torch._ops.OpOverload) -> bool:
     returns = func._schema.returns
-    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+    return bool(returns) and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in returns
+    )
 
 
 def _completed(func: torch._ops.OpOverload, args: tuple[Any, ...]) -> Any:
@@ -172,7 +193,9 @@ class _Recorder(TorchDispatchMode):
             self.ops.append(_Op(func, args, kwargs, [], True))
             return _completed(func, args)
         tensors = list(tensors_in([args, list(kwargs.values())]))
-        written = tensors if func._schema.name in _UNDECLARED_WRITES else _written(func, args, kwargs)
+        written = (
+            tensors if func._schema.name in _UNDECLARED_WRITES else _written(func, args, kwargs)
+        )
         for t in written:
             self._keep(t)
         versions = [t._version for t in tensors]
@@ -218,7 +241,9 @@ class _Recorder(TorchDispatchMode):
             for t in self.created.values():
                 if t.is_floating_point() or t.is_complex():
                     storage = t.untyped_storage()
-                    whole = t.new_empty(0).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
+                    whole = t.new_empty(0).set_(
+                        storage, 0, (storage.nbytes() // t.element_size(),), (1,)
+                    )
                     whole.fill_(math.nan)
         self.saved.clear()
 
@@ -248,7 +273,10 @@ def _end_traceback_at_the_read(exc: BaseException) -> None:
     if not inner:
         return
     cut = inner[-1]
-    while cut > 1 and (_in_mode(frames[cut - 1]) or frames[cut - 1].tb_frame.f_code.co_filename.endswith(_DISPATCH_FILES)):
+    while cut > 1 and (
+        _in_mode(frames[cut - 1])
+        or frames[cut - 1].tb_frame.f_code.co_filename.endswith(_DISPATCH_FILES)
+    ):
         cut -= 1
     if cut > 0:
         frames[cut - 1].tb_next = None
@@ -307,7 +335,11 @@ class RecordingBackend(InjectedFailures):
         generators: Sequence[torch.Generator] = (),
     ) -> CapturedGraph:
         if stream is not None:
-            raise CaptureError(RuntimeError("the recording backend records CPU steps; a CUDA step needs CudaGraphBackend"))
+            raise CaptureError(
+                RuntimeError(
+                    "the recording backend records CPU steps; a CUDA step needs CudaGraphBackend"
+                )
+            )
         recorder = _Recorder()
         cpu_rng = torch.get_rng_state()
         put_back_generators = keep_states(generators)

@@ -83,7 +83,9 @@ def keep_states(generators: Sequence[torch.Generator]) -> Callable[[], None]:
     return restore
 
 
-def release_after_failed_capture(device: torch.device, generators: Sequence[torch.Generator]) -> Callable[[], None]:
+def release_after_failed_capture(
+    device: torch.device, generators: Sequence[torch.Generator]
+) -> Callable[[], None]:
     """A function that takes the generators a capture on `device` draws from (the default
     one and `generators`) out of capture mode: call it when the capture fails.
 

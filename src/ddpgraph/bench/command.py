@@ -298,21 +298,37 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
-def varlen_plan_from(args: argparse.Namespace, varlen: VarLen, settings: Settings, on_cuda: bool) -> Plan:
+def varlen_plan_from(
+    args: argparse.Namespace, varlen: VarLen, settings: Settings, on_cuda: bool
+) -> Plan:
     """The variable-length case: sequence models only (gpt by default), batch 8 (4 on CPU)."""
     specs = [m for m in (args.model or "gpt").split(",") if m.strip()]
-    models = [sized(m, varlen.high, cpu_sized=args.model is None and not on_cuda) for m in resolve_models(specs)]
+    models = [
+        sized(m, varlen.high, cpu_sized=args.model is None and not on_cuda)
+        for m in resolve_models(specs)
+    ]
     batch = VARLEN_BATCH if on_cuda else VARLEN_CPU_BATCH
     sizes = parse_batch_sizes(args.batch_sizes, models, {m.name: [batch] for m in models})
     note = None if on_cuda else VARLEN_CPU_NOTE
     # Device feed only: the DataLoader feed would start every capture again on pinned inputs.
     settings = replace(settings, dataloader=False, warmup=max(settings.warmup, VARLEN_MIN_WARMUP))
-    return Plan(models, sizes, select(["eager", "reduce-overhead"]), settings, args.amp, note=note, varlen=varlen)
+    return Plan(
+        models,
+        sizes,
+        select(["eager", "reduce-overhead"]),
+        settings,
+        args.amp,
+        note=note,
+        varlen=varlen,
+    )
 
 
 def strategy_table() -> Table:
     table = Table(
-        title="ddpgraph bench strategies", title_justify="left", caption=NAMES_CAPTION, caption_justify="left"
+        title="ddpgraph bench strategies",
+        title_justify="left",
+        caption=NAMES_CAPTION,
+        caption_justify="left",
     )
     for header in ("name", "what it runs", "on CPU"):
         table.add_column(header)

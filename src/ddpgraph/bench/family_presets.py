@@ -31,13 +31,31 @@ from torch import nn
 from ..app.models import GPTConfig, Workload, cnn_workload, gpt_workload
 from .preset_shapes import IMAGE_SIZE, IMAGENET_CLASSES, SEQ_LEN, CausalLMLogits
 
-BERT: dict[str, Any] = {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8, "intermediate_size": 2048}
+BERT: dict[str, Any] = {
+    "hidden_size": 512,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "intermediate_size": 2048,
+}
 BERT_SEQ_LEN = 128
 MIXTRAL: dict[str, Any] = {
-    "hidden_size": 512, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 8,
-    "num_key_value_heads": 4, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+    "hidden_size": 512,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 32000,
 }
-GPT2_CKPT: dict[str, Any] = {"n_layer": 6, "n_embd": 384, "n_head": 6, "vocab_size": 8192, "bos_token_id": 0, "eos_token_id": 0}
+GPT2_CKPT: dict[str, Any] = {
+    "n_layer": 6,
+    "n_embd": 384,
+    "n_head": 6,
+    "vocab_size": 8192,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
 # BERT's special tokens in its vocabulary: padding, and the mask that hides a token.
 PAD_ID, MASK_ID, FIRST_WORD_ID = 0, 103, 1000
 MASKED_SHARE = 0.15
@@ -57,11 +75,15 @@ class MaskedLMLogits(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=mask).logits
 
 
-def masked_lm_batches(vocab: int, seq_len: int) -> Callable[[int, torch.Generator, torch.device], tuple[torch.Tensor, torch.Tensor]]:
+def masked_lm_batches(
+    vocab: int, seq_len: int
+) -> Callable[[int, torch.Generator, torch.device], tuple[torch.Tensor, torch.Tensor]]:
     """Batches of a learnable masked-token task: arithmetic sequences of words, each of
     a length from half the sequence to all of it, padded; labels -100 where unmasked."""
 
-    def batch(n: int, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        n: int, gen: torch.Generator, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         words = vocab - FIRST_WORD_ID
         start = torch.randint(0, words, (n, 1), generator=gen)
         step = torch.randint(1, 7, (n, 1), generator=gen)
@@ -78,18 +100,34 @@ def masked_lm_batches(vocab: int, seq_len: int) -> Callable[[int, torch.Generato
 
 
 def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100
+    )
 
 
 def hf_bert(seq_len: int = BERT_SEQ_LEN, **config: Any) -> Workload:
     from transformers import BertConfig, BertForMaskedLM
 
-    cfg = BertConfig(**{**BERT, "attn_implementation": "sdpa", "max_position_embeddings": max(512, seq_len), **config})
+    cfg = BertConfig(
+        **{
+            **BERT,
+            "attn_implementation": "sdpa",
+            "max_position_embeddings": max(512, seq_len),
+            **config,
+        }
+    )
 
     def build() -> nn.Module:
         return MaskedLMLogits(BertForMaskedLM(cfg))
 
-    return Workload("hf-bert", build, masked_lm_batches(cfg.vocab_size, seq_len), masked_lm_loss, "tokens", seq_len)
+    return Workload(
+        "hf-bert",
+        build,
+        masked_lm_batches(cfg.vocab_size, seq_len),
+        masked_lm_loss,
+        "tokens",
+        seq_len,
+    )
 
 
 def hf_moe(seq_len: int = SEQ_LEN, *, dtype: torch.dtype | None = None, **config: Any) -> Workload:
@@ -102,7 +140,11 @@ def hf_moe(seq_len: int = SEQ_LEN, *, dtype: torch.dtype | None = None, **config
         return CausalLMLogits(model if dtype is None else model.to(dtype))
 
     tokens = gpt_workload(GPTConfig(vocab=cfg.vocab_size, block=seq_len))
-    name = "hf-moe" if dtype is None else f"hf-moe-{str(dtype).removeprefix('torch.').replace('bfloat16', 'bf16')}"
+    name = (
+        "hf-moe"
+        if dtype is None
+        else f"hf-moe-{str(dtype).removeprefix('torch.').replace('bfloat16', 'bf16')}"
+    )
     return Workload(name, build, tokens.make_batch, tokens.loss, "tokens", seq_len)
 
 
@@ -127,7 +169,9 @@ def enable_checkpointing(model: nn.Module, *, reentrant: bool) -> None:
 def hf_gpt2_ckpt(seq_len: int = SEQ_LEN, *, reentrant: bool = False, **config: Any) -> Workload:
     from transformers import AutoModelForCausalLM, GPT2Config
 
-    cfg = GPT2Config(**{**GPT2_CKPT, "attn_implementation": "sdpa", "n_positions": max(1024, seq_len), **config})
+    cfg = GPT2Config(
+        **{**GPT2_CKPT, "attn_implementation": "sdpa", "n_positions": max(1024, seq_len), **config}
+    )
 
     def build() -> nn.Module:
         model = AutoModelForCausalLM.from_config(cfg)
@@ -148,4 +192,10 @@ def tv_syncbn(image: int = IMAGE_SIZE) -> Workload:
     from torchvision.models import resnet18
 
     images = cnn_workload(image=image, classes=IMAGENET_CLASSES)
-    return Workload("tv-syncbn", sync_batch_norm(lambda: resnet18(weights=None)), images.make_batch, images.loss, "images")
+    return Workload(
+        "tv-syncbn",
+        sync_batch_norm(lambda: resnet18(weights=None)),
+        images.make_batch,
+        images.loss,
+        "images",
+    )

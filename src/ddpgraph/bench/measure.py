@@ -162,7 +162,19 @@ def _measure(
         peaks = control.gather(torch.cuda.max_memory_allocated(device))
         result.peak_memory_mib = max(peaks) / MIB
     if settings.dataloader:
-        _measure_loader(runner, case, batches, settings, control, result, on_phase, label, steps, last, active_ms)
+        _measure_loader(
+            runner,
+            case,
+            batches,
+            settings,
+            control,
+            result,
+            on_phase,
+            label,
+            steps,
+            last,
+            active_ms,
+        )
 
     def read_outcome() -> None:
         result.final_loss = float(last[0]) if last else None
@@ -172,7 +184,6 @@ def _measure(
         result.note = "\n".join(filter(None, [eager, runner.note(), why])) or None
 
     control.phase("reading the results", read_outcome, label=label)
-
 
 
 def _measure_loader(
@@ -216,6 +227,7 @@ def _measure_loader(
         loader.close()
     result.feeds["dataloader"] = _feed_result(loaded, active_ms, loader_eager)
 
+
 def _timed(
     runner: Runner,
     feed: Iterator[Batch],
@@ -250,7 +262,9 @@ def eager_calls_note(result: StrategyResult, timed_steps: int) -> str | None:
     return "; ".join(said) or None
 
 
-def _feed_result(timing: Timing, active_ms: float | None, eager_calls: int | None = None) -> FeedResult:
+def _feed_result(
+    timing: Timing, active_ms: float | None, eager_calls: int | None = None
+) -> FeedResult:
     m = Measurement.of(timing)
     # Capped: the profiled steps' device work can exceed an unprofiled step's wall time
     # by the timing's noise when the GPU never rests.

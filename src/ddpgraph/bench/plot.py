@@ -25,7 +25,12 @@ def _points(report: Report, model: str, strategy: str, feed: str) -> list[tuple[
     for batch_size in report.batch_sizes(model):
         result = report.case(model, batch_size).get(strategy)
         # A capturing strategy that ran eagerly has no speedup to show, only noise.
-        shown = result is not None and result.status == "ok" and result.captured is not False and not report.emulated
+        shown = (
+            result is not None
+            and result.status == "ok"
+            and result.captured is not False
+            and not report.emulated
+        )
         values = result.feeds.get(feed) if shown and result is not None else None
         if values is not None and values.speedup is not None:
             points.append((batch_size, values.speedup))
@@ -75,11 +80,19 @@ def speedup_figure(report: Report) -> tuple[Figure | None, bool]:
                 xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, style, marker="o", color=colors[strategy])
         if not lines:
-            ran = any(r.status == "ok" and r.strategy != BASELINE for r in report.results if r.model == model)
+            ran = any(
+                r.status == "ok" and r.strategy != BASELINE
+                for r in report.results
+                if r.model == model
+            )
             if report.emulated and ran:
                 text = "no CUDA: captures emulated on CPU,\nCPU times are not GPU speed-ups"
             else:
-                text = "nothing was captured:\nspeedups would be noise" if ran else "no results to compare"
+                text = (
+                    "nothing was captured:\nspeedups would be noise"
+                    if ran
+                    else "no results to compare"
+                )
             ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center")
         drew = drew or lines > 0
         ax.set_xscale("log", base=2)
@@ -90,7 +103,11 @@ def speedup_figure(report: Report) -> tuple[Figure | None, bool]:
         ax.grid(True, alpha=0.3)
     for ax in axes[len(models) :]:
         ax.set_visible(False)
-    handles = [Line2D([], [], color=colors[name], marker="o", label=name) for name in order if name in shown]
+    handles = [
+        Line2D([], [], color=colors[name], marker="o", label=name)
+        for name in order
+        if name in shown
+    ]
     handles += [
         Line2D([], [], color="grey", label=f"{BASELINE} DDP (1×)"),
         Line2D([], [], color="black", linestyle="-", label="batches already on the GPU"),
@@ -100,7 +117,9 @@ def speedup_figure(report: Report) -> tuple[Figure | None, bool]:
     # this font size), so the legend never runs past the figure's edges.
     legend_columns = max(1, min(len(handles), int(figure.get_figwidth() / 2.4)))
     try:  # "outside" places (constrained layout makes room) need matplotlib 3.7
-        figure.legend(handles=handles, loc="outside lower center", ncol=legend_columns, fontsize="small")
+        figure.legend(
+            handles=handles, loc="outside lower center", ncol=legend_columns, fontsize="small"
+        )
     except ValueError:
         figure.legend(handles=handles, loc="lower center", ncol=legend_columns, fontsize="small")
     s = report.setup

@@ -142,7 +142,11 @@ class Report:
         """The report a JSON document holds. A file of another schema version raises
         `DdpGraphUsageError` (a `ValueError`) naming both versions; anything else wrong
         with it, `ValueError`."""
-        if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("schema_version") != SCHEMA_VERSION:
+        if (
+            isinstance(data, dict)
+            and data.get("schema") == SCHEMA
+            and data.get("schema_version") != SCHEMA_VERSION
+        ):
             raise usage_error(
                 "`Report.from_dict`",
                 f"a ddpgraph bench result of schema_version {data.get('schema_version')!r}, expected "
@@ -194,7 +198,9 @@ def validate(data: Any) -> list[str]:
     if data.get("schema") != SCHEMA:
         problems.append(f"schema is {data.get('schema')!r}, expected {SCHEMA!r}")
     if data.get("schema_version") != SCHEMA_VERSION:
-        problems.append(f"schema_version is {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+        problems.append(
+            f"schema_version is {data.get('schema_version')!r}, expected {SCHEMA_VERSION}"
+        )
     setup = data.get("setup")
     if not isinstance(setup, dict):
         problems.append("setup is missing")
@@ -232,7 +238,9 @@ def _check_result(i: int, result: Any) -> list[str]:
 
 # Fields added after the first files of this version's layout were written (the GPU
 # timeline, the throughput, the variable-length case): the published results lack some.
-_ADDED_FIELDS = frozenset({"gpu_timeline", "throughput", "throughput_unit", "units_per_step", "varlen"})
+_ADDED_FIELDS = frozenset(
+    {"gpu_timeline", "throughput", "throughput_unit", "units_per_step", "varlen"}
+)
 
 
 def _check_fields(where: str, obj: dict[str, Any], spec: dict[str, tuple[type, ...]]) -> list[str]:

@@ -101,7 +101,9 @@ def timeline(trace: dict[str, Any]) -> Timeline:
             end = max(end, e)
     active_us += end - start
     summed_us = sum(e - s for s, e in spans)
-    return Timeline(len(spans), summed_us / 1000.0, active_us / 1000.0, (end - spans[0][0]) / 1000.0, gaps)
+    return Timeline(
+        len(spans), summed_us / 1000.0, active_us / 1000.0, (end - spans[0][0]) / 1000.0, gaps
+    )
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

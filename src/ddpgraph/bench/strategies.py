@@ -201,7 +201,9 @@ class MakeStepRunner(Runner):
         # Without a GPU the capture is emulated (`emulation_backend`), which needs the
         # fused CPU AdamW: the foreach one reads its step count on the host.
         self._backend = None if case.on_cuda else emulation_backend()
-        self._opt = case.optimizer(self._ddp) if case.on_cuda else case.optimizer(self._ddp, fused=True)
+        self._opt = (
+            case.optimizer(self._ddp) if case.on_cuda else case.optimizer(self._ddp, fused=True)
+        )
         self._compiled = strategy == "compile"
         if self._compiled:
             torch._dynamo.reset()
@@ -226,7 +228,11 @@ class MakeStepRunner(Runner):
         if self._step is None or x.device != self._inputs_on:
             self._retire_step()
             self._step = make_step(
-                self._fn, model=self._ddp, optimizer=self._opt, strategy=self.strategy, backend=self._backend
+                self._fn,
+                model=self._ddp,
+                optimizer=self._opt,
+                strategy=self.strategy,
+                backend=self._backend,
             )
             self._inputs_on = x.device
         loss = self._step(x, y)
@@ -272,9 +278,16 @@ class MakeStepRunner(Runner):
             torch._dynamo.reset()
 
 
-def make_step_strategy(name: StrategyName, summary: str, *, cpu_skip: str | None = None) -> Strategy:
+def make_step_strategy(
+    name: StrategyName, summary: str, *, cpu_skip: str | None = None
+) -> Strategy:
     """The row that runs `make_step(strategy=name)`, under that name."""
-    return Strategy(name, summary, lambda case, model: MakeStepRunner(case, model, strategy=name), cpu_skip=cpu_skip)
+    return Strategy(
+        name,
+        summary,
+        lambda case, model: MakeStepRunner(case, model, strategy=name),
+        cpu_skip=cpu_skip,
+    )
 
 
 for _strategy in (

@@ -89,7 +89,11 @@ def cases(plan: Plan, info: DistInfo) -> Iterator[tuple[ModelSpec, int, Case]]:
     """Every (model, batch size) of the plan, with its case on this rank's device."""
     for model in plan.models:
         for batch_size in plan.batch_sizes[model.name]:
-            yield model, batch_size, Case(model.workload, batch_size, info.device, plan.amp_dtype(info.device))
+            yield (
+                model,
+                batch_size,
+                Case(model.workload, batch_size, info.device, plan.amp_dtype(info.device)),
+            )
 
 
 def record_result(
@@ -150,7 +154,9 @@ def describe_setup(info: DistInfo, plan: Plan, argv: list[str]) -> dict[str, Any
             "models": [m.spec for m in plan.models],
             "batch_sizes": plan.batch_sizes,
             # A variable-length run's rows come from its families, not the plan's list.
-            "strategies": list(plan.varlen.families) if plan.varlen else [s.name for s in plan.strategies],
+            "strategies": list(plan.varlen.families)
+            if plan.varlen
+            else [s.name for s in plan.strategies],
             "note": plan.note,
             "step_settings": asdict(DEFAULT_STEP_SETTINGS),
             "variable_lengths": plan.varlen.describe() if plan.varlen else None,

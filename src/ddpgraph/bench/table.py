@@ -170,7 +170,9 @@ def title(report: Report, model: str) -> str:
     )
 
 
-def markdown_table(headers: list[str], rows: list[list[str]], left: Collection[str] = _LEFT) -> list[str]:
+def markdown_table(
+    headers: list[str], rows: list[list[str]], left: Collection[str] = _LEFT
+) -> list[str]:
     """A Markdown table's lines; the columns named in `left` are left-aligned, the others right."""
 
     def line(cells: list[str]) -> str:
@@ -184,7 +186,9 @@ def markdown(report: Report, summary: list[dict[str, Any]]) -> str:
     parts: list[str] = []
     for model in report.models:
         rows = [
-            result_row(r, report.emulated) for b in report.batch_sizes(model) for r in report.case(model, b).values()
+            result_row(r, report.emulated)
+            for b in report.batch_sizes(model)
+            for r in report.case(model, b).values()
         ]
         parts += [f"**{title(report, model)}**", "", *markdown_table(RESULT_HEADERS, rows), ""]
     if summary:

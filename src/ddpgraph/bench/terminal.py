@@ -127,7 +127,11 @@ def terminal_tables(report: Report, summary: list[dict[str, Any]]) -> list[Rende
             # what `whole` runs.
             heading = f"{SUBJECT} against the others, {FEED_TITLES[feed]}"
             out.append(
-                _table(heading, [SUMMARY_HEADERS[i] for i in columns], [[c[i] for i in columns] for c in cells])
+                _table(
+                    heading,
+                    [SUMMARY_HEADERS[i] for i in columns],
+                    [[c[i] for i in columns] for c in cells],
+                )
             )
     if noisy:
         out.append(Text(NOISE_NOTE))

@@ -80,11 +80,17 @@ class VarLen:
         }
 
 
-def parse_varlen(seq_lens: str | None, buckets: str | None, strategies: list[str] | None) -> VarLen | None:
+def parse_varlen(
+    seq_lens: str | None, buckets: str | None, strategies: list[str] | None
+) -> VarLen | None:
     """`--seq-lens LOW:HIGH`, `--buckets` and `--strategies` checked; None without --seq-lens."""
     if seq_lens is None:
         if buckets is not None:
-            raise usage_error("`--buckets`", "expected it with `--seq-lens`, got it alone", "add `--seq-lens LOW:HIGH`, e.g. `--seq-lens 64:512`")
+            raise usage_error(
+                "`--buckets`",
+                "expected it with `--seq-lens`, got it alone",
+                "add `--seq-lens LOW:HIGH`, e.g. `--seq-lens 64:512`",
+            )
         return None
     low, high = _range(seq_lens)
     chosen = default_buckets(low, high) if buckets is None else _buckets(buckets, low, high)
@@ -121,7 +127,11 @@ def _buckets(text: str, low: int, high: int) -> tuple[int, ...]:
     except ValueError:
         values = []
     if not values or values[0] < 1:
-        raise usage_error("`--buckets`", f"expected positive lengths like `64,128,256,512`, got {text!r}", "give bucket lengths separated by commas")
+        raise usage_error(
+            "`--buckets`",
+            f"expected positive lengths like `64,128,256,512`, got {text!r}",
+            "give bucket lengths separated by commas",
+        )
     if values[-1] < high:
         raise usage_error(
             "`--buckets`",

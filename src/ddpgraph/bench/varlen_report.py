@@ -40,15 +40,35 @@ SHARE_TARGET = 0.8
 POOL_TARGET = 1.3
 SUBJECT = "whole+buckets"
 NOT_JUDGED = "not on CPU"
-HEADERS = ["batch", "row", "lengths", "ms/step", "× eager", "graphs", "captures", "eager steps", "pool MiB", "peak MiB", "note"]
-SUMMARY_HEADERS = ["model", "batch", "fixed-shape ×", "whole+buckets ×", "share (≥80%)", "best other", "beats all", "pool × largest (≤1.3)"]
+HEADERS = [
+    "batch",
+    "row",
+    "lengths",
+    "ms/step",
+    "× eager",
+    "graphs",
+    "captures",
+    "eager steps",
+    "pool MiB",
+    "peak MiB",
+    "note",
+]
+SUMMARY_HEADERS = [
+    "model",
+    "batch",
+    "fixed-shape ×",
+    "whole+buckets ×",
+    "share (≥80%)",
+    "best other",
+    "beats all",
+    "pool × largest (≤1.3)",
+]
 LEGEND = (
     "× eager: speedup over eager DDP on the same variable lengths (fixed-length rows: over eager at that length). "
     "graphs: held at the end; eager steps: eager calls in all, after warm-up in brackets; pool: the shared "
     "graph pool on rank 0. Lengths are drawn per warm-up step and timed again in the same order (steady state). "
     "In the targets, both speedups are over the variable-length eager run (fixed-shape: the graph at the fixed "
-    "length); best other: the fastest row that takes each batch at its own length. "
-    + PADDING_NOTE
+    "length); best other: the fastest row that takes each batch at its own length. " + PADDING_NOTE
 )
 
 
@@ -63,11 +83,23 @@ def _ms(result: StrategyResult | None) -> float | None:
 
 
 def _by_role(case: dict[str, StrategyResult], role: str, family: str) -> StrategyResult | None:
-    return next((r for r in case.values() if (r.varlen or {}).get("role") == role and r.varlen and r.varlen.get("family") == family), None)
+    return next(
+        (
+            r
+            for r in case.values()
+            if (r.varlen or {}).get("role") == role
+            and r.varlen
+            and r.varlen.get("family") == family
+        ),
+        None,
+    )
 
 
 def _pool_ratio(subject: StrategyResult | None, reference: StrategyResult | None) -> float | None:
-    pools = [(r.varlen or {}).get("pool_mib") if r is not None and r.status == "ok" else None for r in (subject, reference)]
+    pools = [
+        (r.varlen or {}).get("pool_mib") if r is not None and r.status == "ok" else None
+        for r in (subject, reference)
+    ]
     return ratio(pools[0], pools[1])
 
 
@@ -90,30 +122,39 @@ def varlen_summary(report: Report) -> list[dict[str, Any]]:
             others = [
                 (r.strategy, ms)
                 for r in case.values()
-                if r.strategy != SUBJECT and (r.varlen or {}).get("role") == "variable" and (ms := _ms(r)) is not None
+                if r.strategy != SUBJECT
+                and (r.varlen or {}).get("role") == "variable"
+                and (ms := _ms(r)) is not None
             ]
             best = min(others, key=lambda o: o[1]) if others else None
             pool = _pool_ratio(subject, _by_role(case, "pool_reference", "whole"))
             share = ratio(gain, fixed)
             ms = _ms(subject)
-            verdicts = (share is not None and share >= SHARE_TARGET, pool is not None and pool <= POOL_TARGET)
+            verdicts = (
+                share is not None and share >= SHARE_TARGET,
+                pool is not None and pool <= POOL_TARGET,
+            )
             if not judged:
                 share, pool, ms = None, None, None
-            rows.append({
-                "model": model,
-                "batch_size": batch_size,
-                "fixed_speedup": fixed,
-                "fixed_speedup_over_fixed_eager": fixed_own,
-                "bucketed_speedup": gain,
-                "share_of_fixed_speedup": share,
-                "share_against_fixed_eager": ratio(gain, fixed_own) if judged else None,
-                "share_target_met": None if share is None else verdicts[0],
-                "best_other": None if best is None else {"row": best[0], "ms_per_step": best[1]},
-                "beats_all": None if ms is None or best is None else ms < best[1],
-                "pool_ratio": pool,
-                "pool_target_met": None if pool is None else verdicts[1],
-                "judged": judged,
-            })
+            rows.append(
+                {
+                    "model": model,
+                    "batch_size": batch_size,
+                    "fixed_speedup": fixed,
+                    "fixed_speedup_over_fixed_eager": fixed_own,
+                    "bucketed_speedup": gain,
+                    "share_of_fixed_speedup": share,
+                    "share_against_fixed_eager": ratio(gain, fixed_own) if judged else None,
+                    "share_target_met": None if share is None else verdicts[0],
+                    "best_other": None
+                    if best is None
+                    else {"row": best[0], "ms_per_step": best[1]},
+                    "beats_all": None if ms is None or best is None else ms < best[1],
+                    "pool_ratio": pool,
+                    "pool_target_met": None if pool is None else verdicts[1],
+                    "judged": judged,
+                }
+            )
     return rows
 
 
@@ -125,12 +166,17 @@ def result_row(r: StrategyResult) -> list[str]:
     v = r.varlen or {}
     ms = r.status if r.status != "ok" else (f"{_ms(r):.2f}" if _ms(r) is not None else DASH)
     values = r.feeds.get("device")
-    eager_steps = DASH if v.get("eager_steps") is None else f"{v['eager_steps']} ({v.get('eager_after_warmup', DASH)})"
+    eager_steps = (
+        DASH
+        if v.get("eager_steps") is None
+        else f"{v['eager_steps']} ({v.get('eager_after_warmup', DASH)})"
+    )
     pool = v.get("pool_mib")
     return [
         str(r.batch_size),
         r.strategy,
-        str(v.get("lengths", DASH)) + (f" → {','.join(map(str, v['buckets']))}" if v.get("buckets") else ""),
+        str(v.get("lengths", DASH))
+        + (f" → {','.join(map(str, v['buckets']))}" if v.get("buckets") else ""),
         ms,
         speedup(values.speedup if values else None, r.captured),
         str(v.get("graphs_held", DASH)),
@@ -145,7 +191,11 @@ def result_row(r: StrategyResult) -> list[str]:
 def summary_row(row: dict[str, Any]) -> list[str]:
     best = row["best_other"]
     if not row.get("judged", True):
-        return [str(row["model"]), str(row["batch_size"]), *[NOT_JUDGED] * (len(SUMMARY_HEADERS) - 2)]
+        return [
+            str(row["model"]),
+            str(row["batch_size"]),
+            *[NOT_JUDGED] * (len(SUMMARY_HEADERS) - 2),
+        ]
     return [
         str(row["model"]),
         str(row["batch_size"]),
@@ -163,15 +213,27 @@ def _md_table(headers: list[str], body: list[list[str]]) -> list[str]:
 
 
 def _case_rows(report: Report, model: str) -> list[list[str]]:
-    return [result_row(r) for b in report.batch_sizes(model) for r in report.case(model, b).values()]
+    return [
+        result_row(r) for b in report.batch_sizes(model) for r in report.case(model, b).values()
+    ]
 
 
 def varlen_markdown(report: Report, summary: list[dict[str, Any]]) -> str:
     parts: list[str] = []
     for model in report.models:
-        parts += [f"**{title(report, model)}, variable sequence lengths**", "", *_md_table(HEADERS, _case_rows(report, model)), ""]
+        parts += [
+            f"**{title(report, model)}, variable sequence lengths**",
+            "",
+            *_md_table(HEADERS, _case_rows(report, model)),
+            "",
+        ]
     if summary:
-        parts += ["**whole+buckets against its targets**", "", *_md_table(SUMMARY_HEADERS, [summary_row(r) for r in summary]), ""]
+        parts += [
+            "**whole+buckets against its targets**",
+            "",
+            *_md_table(SUMMARY_HEADERS, [summary_row(r) for r in summary]),
+            "",
+        ]
     parts.append(LEGEND)
     return "\n".join(parts)
 
@@ -179,12 +241,18 @@ def varlen_markdown(report: Report, summary: list[dict[str, Any]]) -> str:
 def varlen_terminal(report: Report, summary: list[dict[str, Any]]) -> list[RenderableType]:
     parts: list[RenderableType] = []
     for model in report.models:
-        table = Table(title=f"{title(report, model)}, variable sequence lengths", title_justify="left")
+        table = Table(
+            title=f"{title(report, model)}, variable sequence lengths", title_justify="left"
+        )
         body = _case_rows(report, model)
         # Columns that hold nothing on this run (memory on CPU) are left out.
-        keep = [i for i in range(len(HEADERS) - 1) if i < 4 or any(cells[i] != DASH for cells in body)]
+        keep = [
+            i for i in range(len(HEADERS) - 1) if i < 4 or any(cells[i] != DASH for cells in body)
+        ]
         for i in keep:
-            table.add_column(HEADERS[i], justify="left" if HEADERS[i] in ("row", "lengths") else "right")
+            table.add_column(
+                HEADERS[i], justify="left" if HEADERS[i] in ("row", "lengths") else "right"
+            )
         notes: list[str] = []
         for cells in body:
             note = cells[-1]
@@ -213,12 +281,27 @@ def plot_varlen(report: Report, path: str) -> bool:
     figure = Figure(figsize=(6.0, 3.2 * len(cases)), constrained_layout=True)
     FigureCanvasAgg(figure)
     drew = False
-    for ax, (model, batch) in zip(figure.subplots(len(cases), 1, squeeze=False).flatten(), cases, strict=True):
-        shown = [r for r in report.case(model, batch).values() if r.feeds.get("device") and r.feeds["device"].speedup is not None]
-        ax.barh([r.strategy for r in shown], [r.feeds["device"].speedup for r in shown], color=["C1" if r.strategy == SUBJECT else "C0" for r in shown])
+    for ax, (model, batch) in zip(
+        figure.subplots(len(cases), 1, squeeze=False).flatten(), cases, strict=True
+    ):
+        shown = [
+            r
+            for r in report.case(model, batch).values()
+            if r.feeds.get("device") and r.feeds["device"].speedup is not None
+        ]
+        ax.barh(
+            [r.strategy for r in shown],
+            [r.feeds["device"].speedup for r in shown],
+            color=["C1" if r.strategy == SUBJECT else "C0" for r in shown],
+        )
         fixed = summaries[(model, batch)]["fixed_speedup"]
         if fixed is not None:
-            ax.axvline(SHARE_TARGET * fixed, color="grey", linestyle="--", label=f"{SHARE_TARGET:.0%} of the fixed-shape speedup")
+            ax.axvline(
+                SHARE_TARGET * fixed,
+                color="grey",
+                linestyle="--",
+                label=f"{SHARE_TARGET:.0%} of the fixed-shape speedup",
+            )
             ax.legend(fontsize="small")
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.invert_yaxis()

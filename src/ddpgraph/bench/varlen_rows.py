@@ -39,7 +39,9 @@ from .throughput import fill_throughput
 from .varlen_plan import AGREE_EVERY, VarLen, padded, step_lengths, varlen_batches
 
 _CUDA_GRAPHS = "needs CUDA: it records CUDA graphs"
-_INDUCTOR_ON_CPU = "not run on CPU: inductor's CPU compile takes minutes, and the comparison is about GPUs"
+_INDUCTOR_ON_CPU = (
+    "not run on CPU: inductor's CPU compile takes minutes, and the comparison is about GPUs"
+)
 # What each role trains on: the case's lengths, padded, or fixed ones.
 ROLES = ("variable", "bucketed", "fixed", "pool_reference")
 
@@ -56,7 +58,16 @@ class GraphsRunner(Runner):
     `compile=True`; on CPU emulated (as the bench's whole-step rows are). Its graph
     counts go to `sink` when it closes, so they outlive it."""
 
-    def __init__(self, case: Case, model: nn.Module, *, max_graphs: int, compile_model: bool, warmup: int, sink: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        case: Case,
+        model: nn.Module,
+        *,
+        max_graphs: int,
+        compile_model: bool,
+        warmup: int,
+        sink: dict[str, Any],
+    ) -> None:
         ddp = prepare_ddp(model, **case.ddp_kwargs())
         self._backend = None if case.on_cuda else emulation_backend()
         # The emulation needs the fused CPU AdamW: the foreach one reads its step count on the host.
@@ -65,8 +76,13 @@ class GraphsRunner(Runner):
             torch._dynamo.reset()
         self._compiled = compile_model
         self._step = capture_step(
-            case.train_step(ddp, opt), model=ddp, optimizer=opt, backend=self._backend,
-            max_graphs=max_graphs, agree_every=AGREE_EVERY if max_graphs > 1 else None, compile=compile_model,
+            case.train_step(ddp, opt),
+            model=ddp,
+            optimizer=opt,
+            backend=self._backend,
+            max_graphs=max_graphs,
+            agree_every=AGREE_EVERY if max_graphs > 1 else None,
+            compile=compile_model,
         )
         self._device = case.device
         self._warmup, self._calls, self._eager_at_warmup = warmup, 0, 0
@@ -89,7 +105,9 @@ class GraphsRunner(Runner):
             # designed: its eager-step count is in the table, and the step's warning about
             # the first of them (given once, so only checked for until then) is not news.
             with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=r"\[INPUT_SIGNATURE_CHANGED\]", category=DdpGraphWarning)
+                warnings.filterwarnings(
+                    "ignore", message=r"\[INPUT_SIGNATURE_CHANGED\]", category=DdpGraphWarning
+                )
                 loss = self._step(x, y)
         self._calls += 1
         if self._calls == self._warmup:
@@ -102,7 +120,11 @@ class GraphsRunner(Runner):
         reason = self._step.reason
         if reason is not None:
             return f"[{reason.code.value}] {reason.happened}"
-        return EMULATED if self._backend is not None and self._step.state is StepState.CAPTURED else None
+        return (
+            EMULATED
+            if self._backend is not None and self._step.state is StepState.CAPTURED
+            else None
+        )
 
     def close(self) -> None:
         s = self._step.stats
@@ -111,7 +133,9 @@ class GraphsRunner(Runner):
             captures=s.captures,
             replays=s.replays,
             eager_steps=self._eager_calls(),
-            eager_after_warmup=self._eager_calls() - self._eager_at_warmup if self._calls >= self._warmup else None,
+            eager_after_warmup=self._eager_calls() - self._eager_at_warmup
+            if self._calls >= self._warmup
+            else None,
             pool_mib=None if s.pool_bytes is None else s.pool_bytes / 2**20,
         )
         self._step.close()
@@ -126,17 +150,35 @@ def build_reduce_overhead_dynamic(case: Case, model: nn.Module) -> Runner:
     ddp = DDP(model, **case.ddp_kwargs())
     opt = case.optimizer(ddp)
     compiled = cast(nn.Module, torch.compile(ddp, mode="reduce-overhead", dynamic=True))
-    return StepRunner(case.train_step(compiled, opt), case.device, before_step=torch.compiler.cudagraph_mark_step_begin, on_close=torch._dynamo.reset)
+    return StepRunner(
+        case.train_step(compiled, opt),
+        case.device,
+        before_step=torch.compiler.cudagraph_mark_step_begin,
+        on_close=torch._dynamo.reset,
+    )
 
 
-def rows(varlen: VarLen, reduce_overhead: Strategy, eager: Strategy, warmup: int, sinks: dict[str, dict[str, Any]]) -> list[Row]:
+def rows(
+    varlen: VarLen,
+    reduce_overhead: Strategy,
+    eager: Strategy,
+    warmup: int,
+    sinks: dict[str, dict[str, Any]],
+) -> list[Row]:
     """The rows of the selected families, in the order they run."""
     n, fixed, top = len(varlen.buckets), varlen.fixed_len, max(varlen.buckets)
 
     def graphs(name: str, summary: str, max_graphs: int, compile_model: bool = False) -> Strategy:
         def build(case: Case, model: nn.Module) -> Runner:
             sinks[name] = {}
-            return GraphsRunner(case, model, max_graphs=max_graphs, compile_model=compile_model, warmup=warmup, sink=sinks[name])
+            return GraphsRunner(
+                case,
+                model,
+                max_graphs=max_graphs,
+                compile_model=compile_model,
+                warmup=warmup,
+                sink=sinks[name],
+            )
 
         skip = _INDUCTOR_ON_CPU if compile_model else None
         return Strategy(name, summary, build, cpu_skip=skip)
@@ -147,13 +189,49 @@ def rows(varlen: VarLen, reduce_overhead: Strategy, eager: Strategy, warmup: int
     candidates = [
         Row(eager, "eager", "variable"),
         Row(reduce_overhead, "reduce-overhead", "variable"),
-        Row(Strategy("reduce-overhead dynamic=True", "torch.compile(ddp, mode='reduce-overhead', dynamic=True)", build_reduce_overhead_dynamic, cpu_skip=_CUDA_GRAPHS), "reduce-overhead", "variable"),
-        Row(graphs("whole", "capture_step as by default: one graph, other shapes eager", 1), "whole", "variable"),
-        Row(graphs("whole+buckets", f"capture_step(max_graphs={n}) on batches padded to the buckets", n), "whole", "bucketed"),
-        Row(graphs("compile+buckets", f"capture_step(compile=True, max_graphs={n}) on padded batches", n, True), "compile", "bucketed"),
+        Row(
+            Strategy(
+                "reduce-overhead dynamic=True",
+                "torch.compile(ddp, mode='reduce-overhead', dynamic=True)",
+                build_reduce_overhead_dynamic,
+                cpu_skip=_CUDA_GRAPHS,
+            ),
+            "reduce-overhead",
+            "variable",
+        ),
+        Row(
+            graphs("whole", "capture_step as by default: one graph, other shapes eager", 1),
+            "whole",
+            "variable",
+        ),
+        Row(
+            graphs(
+                "whole+buckets", f"capture_step(max_graphs={n}) on batches padded to the buckets", n
+            ),
+            "whole",
+            "bucketed",
+        ),
+        Row(
+            graphs(
+                "compile+buckets",
+                f"capture_step(compile=True, max_graphs={n}) on padded batches",
+                n,
+                True,
+            ),
+            "compile",
+            "bucketed",
+        ),
         Row(renamed(eager, f"eager T={fixed}"), "eager", "fixed"),
         Row(graphs(f"whole T={fixed}", "capture_step at one fixed length", 1), "whole", "fixed"),
-        Row(graphs(f"whole+buckets T={top} alone", "the family fed only its largest bucket: the pool reference", 2), "whole", "pool_reference"),
+        Row(
+            graphs(
+                f"whole+buckets T={top} alone",
+                "the family fed only its largest bucket: the pool reference",
+                2,
+            ),
+            "whole",
+            "pool_reference",
+        ),
     ]
     return [r for r in candidates if r.family in varlen.families]
 
@@ -180,18 +258,26 @@ def run_varlen(
                 label = f"{model.name} batch {batch_size}: {row.strategy.name}"
                 bar.update(task, description=label)
                 sinks.pop(row.strategy.name, None)
-                result = run_strategy(row.strategy, case, data[row.role], settings, control, profile_here=info.is_main)
+                result = run_strategy(
+                    row.strategy, case, data[row.role], settings, control, profile_here=info.is_main
+                )
                 tokens = _mean_tokens(data[row.role], row.role)
                 fill_throughput(result, model.workload.unit, info.world_size * batch_size * tokens)
-                result.varlen = {"role": row.role, "family": row.family, "lengths": _lengths_label(varlen, row.role),
-                                 "buckets": _buckets_of(varlen, row.role),
-                                 **sinks.pop(row.strategy.name, {})}
+                result.varlen = {
+                    "role": row.role,
+                    "family": row.family,
+                    "lengths": _lengths_label(varlen, row.role),
+                    "buckets": _buckets_of(varlen, row.role),
+                    **sinks.pop(row.strategy.name, {}),
+                }
                 eager = result if row.strategy.name == "eager" else eager
                 record_result(results, result, eager, (bar, task), on_result)
     return results
 
 
-def _data(model: Any, batch_size: int, lengths: list[int], varlen: VarLen, rank: int) -> dict[str, list[Batch]]:
+def _data(
+    model: Any, batch_size: int, lengths: list[int], varlen: VarLen, rank: int
+) -> dict[str, list[Batch]]:
     variable = varlen_batches(model, batch_size, lengths, rank)
     longest = varlen_batches(model, batch_size, [varlen.high] * DISTINCT_BATCHES, rank)
     return {
@@ -205,7 +291,9 @@ def _data(model: Any, batch_size: int, lengths: list[int], varlen: VarLen, rank:
 def _mean_tokens(batches: list[Batch], role: str) -> int:
     """Real tokens per sequence, on average: padding is not throughput."""
     if role == "bucketed":
-        return round(sum(int((y != -100).sum()) for _, y in batches) / sum(y.shape[0] for _, y in batches))
+        return round(
+            sum(int((y != -100).sum()) for _, y in batches) / sum(y.shape[0] for _, y in batches)
+        )
     return round(sum(x.shape[1] for x, _ in batches) / len(batches))
 
 

@@ -44,7 +44,9 @@ class CaptureAttempts(PolicyHooks[R]):
     _stream: torch.cuda.Stream | None
     stats: StepStats
 
-    def _capture_attempt(self, leaves: list[Any], spec: Any, pool: Any, ran: list[Any] | None = None) -> Attempt:
+    def _capture_attempt(
+        self, leaves: list[Any], spec: Any, pool: Any, ran: list[Any] | None = None
+    ) -> Attempt:
         """Record the step on static copies of this call's inputs; `ran` gets the step's
         result when the backend runs it while recording."""
         backend = self._backend
@@ -61,7 +63,10 @@ class CaptureAttempts(PolicyHooks[R]):
         syncs: list[Any] = []
 
         def record() -> Any:
-            with host_sync_probe(enabled=isinstance(backend, CudaGraphBackend)) as probe, self._policy_running("record"):
+            with (
+                host_sync_probe(enabled=isinstance(backend, CudaGraphBackend)) as probe,
+                self._policy_running("record"),
+            ):
                 try:
                     result = self._fn(*static_args, **static_kwargs)
                 finally:
@@ -83,10 +88,25 @@ class CaptureAttempts(PolicyHooks[R]):
                 if raised_by_step(err):
                     raised = err.cause
                     finding = step_raised_finding(err.cause, self.stats.calls)  # type: ignore[arg-type]
-                    outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.RAISE, step_raised=True)
+                    outcome = Outcome(
+                        current_rank(),
+                        False,
+                        [finding],
+                        reducer_needs_reset=stuck,
+                        action=Action.RAISE,
+                        step_raised=True,
+                    )
                 else:
-                    finding = self._policy_explain(finding_from_capture_error(err, [str(w.message) for w in caught], syncs))
-                    outcome = Outcome(current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER)
+                    finding = self._policy_explain(
+                        finding_from_capture_error(err, [str(w.message) for w in caught], syncs)
+                    )
+                    outcome = Outcome(
+                        current_rank(),
+                        False,
+                        [finding],
+                        reducer_needs_reset=stuck,
+                        action=Action.EAGER,
+                    )
             except BaseException:
                 # An interrupt or an exit in the step: it propagates at once, on this rank
                 # alone (the process is ending), with the training state as before the call.
@@ -95,13 +115,31 @@ class CaptureAttempts(PolicyHooks[R]):
                 raise
         for w in caught:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return Attempt(graph, static, outcome, after_stand_in, after_failure, time.perf_counter() - start, raised)
+        return Attempt(
+            graph,
+            static,
+            outcome,
+            after_stand_in,
+            after_failure,
+            time.perf_counter() - start,
+            raised,
+        )
 
-    def _hold(self, attempt: Attempt, buffer_sync: bool, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Captured:
+    def _hold(
+        self,
+        attempt: Attempt,
+        buffer_sync: bool,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
+    ) -> Captured:
         """A recording that succeeded, with its signature, the model's mode and DDP flags."""
         assert attempt.graph is not None
         signature = Signature(leaves, spec, leaf_paths(args, kwargs))
-        replayable: ReplayableGraph[Any] = ReplayableGraph(attempt.graph, attempt.static, signature, self._options.clone_outputs)
+        replayable: ReplayableGraph[Any] = ReplayableGraph(
+            attempt.graph, attempt.static, signature, self._options.clone_outputs
+        )
         forward_sync = bool(getattr(self._model, "require_forward_param_sync", True))
         self.stats.captures += 1
         self.stats.capture_seconds = attempt.seconds

@@ -59,7 +59,9 @@ class CaptureEngine(CaptureAttempts[R]):
     subject = "`CapturedStep`"
     continues = "Training continues with eager steps."
 
-    def __init__(self, fn: Callable[..., R], model: nn.Module, options: CaptureOptions, *, shared: bool) -> None:
+    def __init__(
+        self, fn: Callable[..., R], model: nn.Module, options: CaptureOptions, *, shared: bool
+    ) -> None:
         self._fn = fn
         self._model = model
         self._device = ddp_tools.model_device(model)
@@ -70,7 +72,9 @@ class CaptureEngine(CaptureAttempts[R]):
         self._shared = shared and isinstance(model, DDP)
         self._group: Any = model.process_group if self._shared else None
         self.stats = StepStats()
-        self._family = GraphFamily(options.max_graphs, options.beyond_max_graphs, self.stats, options.pool, self._device)
+        self._family = GraphFamily(
+            options.max_graphs, options.beyond_max_graphs, self.stats, options.pool, self._device
+        )
         self._state = StepState.WARMUP
         self._reason: Finding | None = None
         self._findings: list[Finding] = []
@@ -97,7 +101,9 @@ class CaptureEngine(CaptureAttempts[R]):
     def reason(self) -> Finding | None:
         """Why the step is not (or no longer) captured; None while all is well."""
         if self._pending is not None and self._state is StepState.CAPTURED:
-            return awaiting_decision(self._pending.finding, self.stats.calls + max(1, self._every - self._since_decision))
+            return awaiting_decision(
+                self._pending.finding, self.stats.calls + max(1, self._every - self._since_decision)
+            )
         return self._reason
 
     @property
@@ -142,7 +148,9 @@ class CaptureEngine(CaptureAttempts[R]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if self._state is StepState.CLOSED:
-            raise DdpGraphError(Finding(Code.STEP_CLOSED, "this step was closed", subject=self.subject))
+            raise DdpGraphError(
+                Finding(Code.STEP_CLOSED, "this step was closed", subject=self.subject)
+            )
         self.stats.calls += 1
         leaves, spec = flatten_call(args, kwargs)
         self._given = (args, kwargs, leaves)
@@ -172,7 +180,9 @@ class CaptureEngine(CaptureAttempts[R]):
 
     def __repr__(self) -> str:
         reason = f", reason={self.reason.code.value}" if self.reason else ""
-        return f"{type(self).__name__}(state={self.state.value}, backend={self.backend_name}{reason})"
+        return (
+            f"{type(self).__name__}(state={self.state.value}, backend={self.backend_name}{reason})"
+        )
 
     # ----------------------------------------------------------------- the decision point
     def _decide(self, outcome: Outcome) -> Decision:
@@ -182,11 +192,26 @@ class CaptureEngine(CaptureAttempts[R]):
         with NamingStoppedRanks("the agreement of the ranks", self.stats.calls, self._peers):
             return agree(outcome, self._group, self._device)
 
-    def _outcome(self, findings: list[Finding], action: Action = Action.EAGER, forwards: int = 0, forwards_per_step: int = 0) -> Outcome:
-        return Outcome(current_rank(), not findings, findings, forwards, forwards_per_step, action=action if findings else Action.CONTINUE)
+    def _outcome(
+        self,
+        findings: list[Finding],
+        action: Action = Action.EAGER,
+        forwards: int = 0,
+        forwards_per_step: int = 0,
+    ) -> Outcome:
+        return Outcome(
+            current_rank(),
+            not findings,
+            findings,
+            forwards,
+            forwards_per_step,
+            action=action if findings else Action.CONTINUE,
+        )
 
     # ----------------------------------------------------------------- replays
-    def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _serve(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> R:
         assert self._captured is not None
         captured = self._family.select(self._captured, leaves, spec)
         if self._pending is None:
@@ -205,11 +230,23 @@ class CaptureEngine(CaptureAttempts[R]):
                     return self._leave_graph(decision, args, kwargs, leaves, spec)
                 if decision.adds_graph:
                     return self._policy_add_graph(
-                        adding, lambda: self._serve_captured(captured, args, kwargs, leaves, spec), args, kwargs, leaves, spec
+                        adding,
+                        lambda: self._serve_captured(captured, args, kwargs, leaves, spec),
+                        args,
+                        kwargs,
+                        leaves,
+                        spec,
                     )
         return self._serve_captured(captured, args, kwargs, leaves, spec)
 
-    def _serve_captured(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _serve_captured(
+        self,
+        captured: Captured,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
+    ) -> R:
         if self._pending is not None:
             # Reported, not yet agreed: eager steps pair with the peers' replays.
             self.stats.eager_steps += 1
@@ -227,14 +264,23 @@ class CaptureEngine(CaptureAttempts[R]):
         try:
             outputs: R = captured.graph.replay(leaves)
         except RuntimeError as err:  # a replay that waits on the host (the CPU backends)
-            NamingStoppedRanks(f"replay {self.stats.replays + 1}", self.stats.calls, self._peers).name(err)
+            NamingStoppedRanks(
+                f"replay {self.stats.replays + 1}", self.stats.calls, self._peers
+            ).name(err)
             raise
         self._family.replayed(captured)
         self._policy_after_replay(captured)
         self.stats.replays += 1
         return outputs
 
-    def _leave_graph(self, decision: Decision, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _leave_graph(
+        self,
+        decision: Decision,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
+    ) -> R:
         """The agreed answer to a report: capture again, run eagerly, or raise; the same
         on every rank, on this call."""
         self._pending = None
@@ -253,7 +299,9 @@ class CaptureEngine(CaptureAttempts[R]):
         return self._eager(leaves, spec)
 
     # ----------------------------------------------------------------- capture
-    def _capture_and_agree(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _capture_and_agree(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> R:
         """Record the step on the static inputs, agree, then replay it at once (this
         call's step) or put everything back and continue eagerly, on every rank."""
         buffer_sync = ddp_tools.will_sync_buffers(self._model)
@@ -262,7 +310,9 @@ class CaptureEngine(CaptureAttempts[R]):
         graph, outcome = attempt.graph, attempt.outcome
         if graph is not None:
             problem = self._policy_recording_problem()
-            outcome = Outcome(current_rank(), problem is None, [problem] if problem else [], action=Action.EAGER)
+            outcome = Outcome(
+                current_rank(), problem is None, [problem] if problem else [], action=Action.EAGER
+            )
         decision = self._decide(outcome)
         if decision.ok and graph is not None:
             assert self._backend is not None
@@ -319,7 +369,9 @@ class CaptureEngine(CaptureAttempts[R]):
             self._findings = [finding]
         self._state = StepState.EAGER
         self._drop_captured()
-        fall_back(finding, self._options.on_failure, continues=self.continues, warn=warn, stacklevel=5)
+        fall_back(
+            finding, self._options.on_failure, continues=self.continues, warn=warn, stacklevel=5
+        )
         log.info("not capturing: %s", finding.format())
 
     def _drop_captured(self) -> None:

@@ -33,7 +33,14 @@ def check_policies(api: str, on_failure: object, on_input_change: object) -> Non
             )
 
 
-def fall_back(finding: Finding, on_failure: OnFailure, *, continues: str, warn: bool = True, stacklevel: int = 2) -> None:
+def fall_back(
+    finding: Finding,
+    on_failure: OnFailure,
+    *,
+    continues: str,
+    warn: bool = True,
+    stacklevel: int = 2,
+) -> None:
     """What giving up a capture means to the user: under `on_failure="raise"` an error (no
     GPU is not a failure: the same script is meant to run on CPU), otherwise a warning on
     rank 0 only (every rank gives up together, and one message is enough) saying that
@@ -41,7 +48,9 @@ def fall_back(finding: Finding, on_failure: OnFailure, *, continues: str, warn: 
     if on_failure == "raise" and finding.code is not Code.NO_CUDA:
         raise DdpGraphError(finding)
     if warn and current_rank() == 0:
-        warnings.warn(f"{finding.format()}\n{continues}", DdpGraphWarning, stacklevel=stacklevel + 1)
+        warnings.warn(
+            f"{finding.format()}\n{continues}", DdpGraphWarning, stacklevel=stacklevel + 1
+        )
 
 
 def capture_again(finding: Finding) -> None:
@@ -50,7 +59,9 @@ def capture_again(finding: Finding) -> None:
     captures again together, and one message is enough)."""
     log.warning("%s", finding.format())
     if finding.code is Code.FROZEN_PYTHON_VALUE and current_rank() == 0:
-        warnings.warn(f"{finding.format()}\nThe step is captured again.", DdpGraphWarning, stacklevel=4)
+        warnings.warn(
+            f"{finding.format()}\nThe step is captured again.", DdpGraphWarning, stacklevel=4
+        )
 
 
 class UnservedCalls:

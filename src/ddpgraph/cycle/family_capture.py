@@ -68,13 +68,24 @@ class FamilySteps(CaptureEngine[R]):
         )
 
     def _policy_add_graph(
-        self, adding: bool, serve: Callable[[], R], args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+        self,
+        adding: bool,
+        serve: Callable[[], R],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
     ) -> R:
         return self._add_graph_call(adding, serve, args, kwargs, leaves, spec)
 
     def _add_graph_call(
-        self, adding: bool, serve: Callable[[], R],
-        args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any,
+        self,
+        adding: bool,
+        serve: Callable[[], R],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
     ) -> R:
         """This call, on a decision point where some rank adds a graph. `adding`: this rank
         does (its signature is warmed up and unheld); `serve` runs the call as usual."""

@@ -22,7 +22,9 @@ class PolicyHooks(Generic[R]):
     def _replay(self, captured: Captured, leaves: list[Any]) -> R:
         raise NotImplementedError
 
-    def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _policy_warmup_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> R:
         raise NotImplementedError
 
     def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -41,11 +43,25 @@ class PolicyHooks(Generic[R]):
     def _policy_captured(self) -> None:
         pass
 
-    def _policy_check(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
+    def _policy_check(
+        self,
+        captured: Captured,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
+    ) -> Report | None:
         """What the guards see before a replay that the ranks must agree on."""
         return None
 
-    def _policy_unserved(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
+    def _policy_unserved(
+        self,
+        captured: Captured,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
+    ) -> bool:
         """Whether this one call runs eagerly instead (a local choice: it pairs)."""
         return False
 
@@ -62,7 +78,13 @@ class PolicyHooks(Generic[R]):
         return False
 
     def _policy_add_graph(
-        self, adding: bool, serve: Callable[[], R], args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+        self,
+        adding: bool,
+        serve: Callable[[], R],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
     ) -> R:
         """The call on which some rank adds a graph (`family_capture`)."""
         raise NotImplementedError

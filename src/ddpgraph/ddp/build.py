@@ -83,7 +83,10 @@ def prepare_ddp(model: nn.Module, **ddp_kwargs: Any) -> DDP:
         )
     device = model_device(model)
     devices = {t.device for t in (*model.parameters(), *model.buffers())}
-    ddp_kwargs = {**ddp_kwargs, "device_ids": infer_device_ids(devices, ddp_kwargs.get("device_ids"))}
+    ddp_kwargs = {
+        **ddp_kwargs,
+        "device_ids": infer_device_ids(devices, ddp_kwargs.get("device_ids")),
+    }
     if device.type == "cuda":
         stream = capture_stream(device)
         caller = torch.cuda.current_stream(device)

@@ -34,9 +34,7 @@ MIN_WARMUP_ITERATIONS = FIRST_SAMPLED_ITERATIONS + 1
 
 def is_sampled(iteration: int, sample_rate: int = DEFAULT_SAMPLE_RATE) -> bool:
     """Whether the reducer records runtime statistics on `iteration` (1-based)."""
-    return iteration > 0 and (
-        iteration <= FIRST_SAMPLED_ITERATIONS or iteration % sample_rate == 0
-    )
+    return iteration > 0 and (iteration <= FIRST_SAMPLED_ITERATIONS or iteration % sample_rate == 0)
 
 
 def is_capturable_forward(forward: int, sample_rate: int = DEFAULT_SAMPLE_RATE) -> bool:
@@ -87,7 +85,9 @@ def default_warmup_steps(forwards_before: int, sample_rate: int = DEFAULT_SAMPLE
     return 1 + steps_until_capturable([forwards_before + 1], 1, sample_rate)
 
 
-def checked_warmup(is_ddp: bool, counter: ForwardCounter | None, warmup_steps: int | None, without_ddp: int) -> int:
+def checked_warmup(
+    is_ddp: bool, counter: ForwardCounter | None, warmup_steps: int | None, without_ddp: int
+) -> int:
     """The warm-up steps of a step whose model is DDP (`is_ddp`, its reducer's iterations
     counted by `counter`) or not (`without_ddp` steps): the default for it, or the one
     given; WARMUP_TOO_SHORT (a usage error) when DDP needs more than given."""

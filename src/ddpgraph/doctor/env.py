@@ -167,7 +167,9 @@ def relevant_variables(environ: Any) -> dict[str, str]:
 def features(cuda: bool, nccl: tuple[int, ...] | None) -> list[Feature]:
     cuda_runtime = parse_version(torch.version.cuda)
     count = torch.cuda.device_count() if cuda else 0
-    conditional_api = importlib.util.find_spec("torch._higher_order_ops.cudagraph_conditional_nodes") is not None
+    conditional_api = (
+        importlib.util.find_spec("torch._higher_order_ops.cudagraph_conditional_nodes") is not None
+    )
     return [
         Feature("CUDA graphs", count > 0, f"{count} GPU(s)" if cuda else "no CUDA device"),
         Feature(
@@ -180,7 +182,11 @@ def features(cuda: bool, nccl: tuple[int, ...] | None) -> list[Feature]:
             "capturable" in inspect.signature(torch.optim.AdamW.__init__).parameters,
             "Adam/AdamW keep their step count on the GPU",
         ),
-        Feature("learning rate in a device tensor", _tensor_lr_supported(), "a scheduler's updates reach the graph"),
+        Feature(
+            "learning rate in a device tensor",
+            _tensor_lr_supported(),
+            "a scheduler's updates reach the graph",
+        ),
         Feature(
             "fused SGD",
             "fused" in inspect.signature(torch.optim.SGD.__init__).parameters,

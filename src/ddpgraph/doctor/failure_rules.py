@@ -56,7 +56,11 @@ def capture_failure_findings(
             known.append(finding)
             break
     return capture_findings(
-        errors, graph.warnings, syncs, known=known, accumulators_on_default=_accumulators_on_default(graph, ddps)
+        errors,
+        graph.warnings,
+        syncs,
+        known=known,
+        accumulators_on_default=_accumulators_on_default(graph, ddps),
     )
 
 
@@ -71,7 +75,7 @@ def other_thread_finding(graph: Graph) -> Finding | None:
         Code.OTHER_THREAD_IN_CAPTURE,
         f"the capture began in CUDA's \"global\" mode (`torch.cuda.graph`'s default), where an "
         f"unsafe CUDA call from any thread invalidates it, and while it was recorded {calls}",
-        "pass `capture_error_mode=\"thread_local\"` to `torch.cuda.graph(...)` (or to "
+        'pass `capture_error_mode="thread_local"` to `torch.cuda.graph(...)` (or to '
         "`CUDAGraph.capture_begin`): CUDA then refuses only this thread's own unsafe calls, and "
         "the other thread keeps working. `ddpgraph.capture_step` captures that way already: a "
         "step it captures needs no change",
@@ -104,11 +108,16 @@ def script_error_finding(
         # Raised compiling the script: the line is the error's own, not a frame's.
         where = Location(error.filename, error.lineno, (error.text or "").strip())
     if needs_gpu:
-        return no_gpu_finding(f"`{where.source}` needs CUDA ({first_line(error)})" if where else first_line(error), where)
+        return no_gpu_finding(
+            f"`{where.source}` needs CUDA ({first_line(error)})" if where else first_line(error),
+            where,
+        )
     if isinstance(error, DdpGraphError):
         # ddpgraph's own errors carry their cause and a stable code.
         found = error.finding
-        return Finding(found.code, found.happened, found.fix, found.subject, found.location or where)
+        return Finding(
+            found.code, found.happened, found.fix, found.subject, found.location or where
+        )
     if isinstance(error, SystemExit):
         return Finding(
             Code.SCRIPT_FAILED,

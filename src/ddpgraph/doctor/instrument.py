@@ -38,7 +38,12 @@ from .threads import ThreadWatch
 # Calls between two checks of a captured step's Python values under the doctor
 # (`capture_step(verify_every=...)`): often, since a diagnosis may cost eager steps.
 CHECK_EVERY = 5
-_DDPGRAPH_MODULES = ("ddpgraph.cycle.fallback", "ddpgraph.capture", "ddpgraph.strategies.evaluation", "ddpgraph.training.monitor")
+_DDPGRAPH_MODULES = (
+    "ddpgraph.cycle.fallback",
+    "ddpgraph.capture",
+    "ddpgraph.strategies.evaluation",
+    "ddpgraph.training.monitor",
+)
 
 
 class Instrumentation:
@@ -77,7 +82,10 @@ class Instrumentation:
         # ddpgraph's internals may move; a hook that cannot be placed is one of the
         # doctor's own errors (in the report), never the script's.
         self._safely("watching ddpgraph", self._watch_ddpgraph)
-        self._safely("watching other threads", lambda: self._undo.extend(ThreadWatch(self.recorder).install(_wrap, self._safely)))
+        self._safely(
+            "watching other threads",
+            lambda: self._undo.extend(ThreadWatch(self.recorder).install(_wrap, self._safely)),
+        )
         self._undo.append(register_optimizer_step_pre_hook(self._optimizer_step).remove)
         shown = warnings.showwarning
 
@@ -96,7 +104,10 @@ class Instrumentation:
         modules = [importlib.import_module(name) for name in _DDPGRAPH_MODULES]
         fallback, monitor = modules[0], modules[-1]
         ours = [m for name, m in list(sys.modules.items()) if name.startswith("ddpgraph.")]
-        for name, wrapper in (("fall_back", self._fall_back), ("capture_again", self._capture_again)):
+        for name, wrapper in (
+            ("fall_back", self._fall_back),
+            ("capture_again", self._capture_again),
+        ):
             original = getattr(fallback, name)
             for module in ours:
                 if getattr(module, name, None) is original:
@@ -109,17 +120,25 @@ class Instrumentation:
         checks.doctor_interval(CHECK_EVERY)
         self._undo.append(lambda: checks.doctor_interval(None))
 
-    def _fall_back(self, original: Callable[..., Any], finding: Any, *args: Any, **kwargs: Any) -> Any:
+    def _fall_back(
+        self, original: Callable[..., Any], finding: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         where = user_location()
         self._safely("ddpgraph fall_back", lambda: self.recorder.ddpgraph_gave_up(finding, where))
         return original(finding, *args, **kwargs)
 
-    def _capture_again(self, original: Callable[..., Any], finding: Any, *args: Any, **kwargs: Any) -> Any:
+    def _capture_again(
+        self, original: Callable[..., Any], finding: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         where = user_location()
-        self._safely("ddpgraph capture_again", lambda: self.recorder.ddpgraph_captured_again(finding, where))
+        self._safely(
+            "ddpgraph capture_again", lambda: self.recorder.ddpgraph_captured_again(finding, where)
+        )
         return original(finding, *args, **kwargs)
 
-    def _admit(self, original: Callable[..., Any], unserved: Any, finding: Any, *args: Any, **kwargs: Any) -> Any:
+    def _admit(
+        self, original: Callable[..., Any], unserved: Any, finding: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         where = user_location()
         self._safely("ddpgraph unserved call", lambda: self.recorder.unserved_call(finding, where))
         return original(unserved, finding, *args, **kwargs)
@@ -148,7 +167,9 @@ class Instrumentation:
         self._undo.append(_wrap(torch.Tensor, "copy_", self._copy))
         self._undo.append(_wrap(torch.Tensor, "__setitem__", self._setitem))
 
-    def _copy(self, original: Callable[..., Any], target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def _copy(
+        self, original: Callable[..., Any], target: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> Any:
         try:
             return original(target, *args, **kwargs)
         except Exception as exc:
@@ -156,14 +177,22 @@ class Instrumentation:
             self._failed_write(target, src, lambda: tuple(target.shape), exc)
             raise
 
-    def _setitem(self, original: Callable[..., Any], target: torch.Tensor, index: Any, value: Any) -> Any:
+    def _setitem(
+        self, original: Callable[..., Any], target: torch.Tensor, index: Any, value: Any
+    ) -> Any:
         try:
             return original(target, index, value)
         except Exception as exc:
             self._failed_write(target, value, lambda: tuple(target[index].shape), exc)
             raise
 
-    def _failed_write(self, target: torch.Tensor, value: Any, shape: Callable[[], tuple[int, ...]], exc: BaseException) -> None:
+    def _failed_write(
+        self,
+        target: torch.Tensor,
+        value: Any,
+        shape: Callable[[], tuple[int, ...]],
+        exc: BaseException,
+    ) -> None:
         where = user_location()
 
         def record() -> None:
@@ -181,14 +210,20 @@ class Instrumentation:
             self._undo.pop()()
 
     # ------------------------------------------------------------------ capture
-    def _capture_begin(self, original: Callable[..., Any], graph: Any, *args: Any, **kwargs: Any) -> Any:
+    def _capture_begin(
+        self, original: Callable[..., Any], graph: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         self._handling_at_begin = sys.exc_info()[1]
         where = user_location()
         # `capture_begin(pool=None, capture_error_mode="global", ...)`, as torch.cuda.graph calls it.
-        mode = str(kwargs.get("capture_error_mode", args[1] if len(args) > 1 else TORCH_DEFAULT_MODE))
+        mode = str(
+            kwargs.get("capture_error_mode", args[1] if len(args) > 1 else TORCH_DEFAULT_MODE)
+        )
         self._safely(
             "capture_begin",
-            lambda: self.recorder.capture_begin(graph, where, _current_stream(), _live_storages, mode),
+            lambda: self.recorder.capture_begin(
+                graph, where, _current_stream(), _live_storages, mode
+            ),
         )
         self._graph = graph
         self._probe = host_sync_probe(enabled=torch.cuda.is_available())
@@ -203,7 +238,9 @@ class Instrumentation:
         # Called from `torch.cuda.graph.__exit__`: the error the captured block raised,
         # if any, is the one being handled now.
         handling = sys.exc_info()[1]
-        errors = [handling] if handling is not None and handling is not self._handling_at_begin else []
+        errors = (
+            [handling] if handling is not None and handling is not self._handling_at_begin else []
+        )
         try:
             result = original(graph)
         except BaseException as exc:
@@ -232,7 +269,9 @@ class Instrumentation:
         return original(graph)
 
     # ------------------------------------------------------------------ training
-    def _ddp_init(self, original: Callable[..., Any], module: DDP, *args: Any, **kwargs: Any) -> None:
+    def _ddp_init(
+        self, original: Callable[..., Any], module: DDP, *args: Any, **kwargs: Any
+    ) -> None:
         original(module, *args, **kwargs)
         where = user_location()
 
@@ -242,25 +281,35 @@ class Instrumentation:
 
         self._safely("DistributedDataParallel", built)
 
-    def _ddp_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._safely("DDP forward", lambda: self.recorder.ddp_forward(module, [*args, *kwargs.values()]))
+    def _ddp_forward(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        self._safely(
+            "DDP forward", lambda: self.recorder.ddp_forward(module, [*args, *kwargs.values()])
+        )
 
     def _backward(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         self._safely("backward", lambda: self.recorder.backward(_current_stream()))
         return result
 
-    def _optimizer_init(self, original: Callable[..., Any], opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+    def _optimizer_init(
+        self, original: Callable[..., Any], opt: torch.optim.Optimizer, *args: Any, **kwargs: Any
+    ) -> None:
         original(opt, *args, **kwargs)
         self._safely("optimizer", lambda: self.recorder.optimizer_built(opt, user_location()))
 
     def _optimizer_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._safely("optimizer step", lambda: self.recorder.optimizer_step(opt))
 
-    def _load_state_dict(self, original: Callable[..., Any], target: Any, *args: Any, **kwargs: Any) -> Any:
+    def _load_state_dict(
+        self, original: Callable[..., Any], target: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         result = original(target, *args, **kwargs)
         if self.recorder.captured_any:
-            self._safely("load_state_dict", lambda: self.recorder.state_loaded(target, user_location()))
+            self._safely(
+                "load_state_dict", lambda: self.recorder.state_loaded(target, user_location())
+            )
         return result
 
 

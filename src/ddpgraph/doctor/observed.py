@@ -122,7 +122,10 @@ class Graph:
 
     def input_named(self, key: int) -> GraphInput | None:
         """The input whose storage is `key` (a view of an input shares it), if any."""
-        return next((i for i in self.inputs if (t := i.tensor()) is not None and storage_key(t) == key), None)
+        return next(
+            (i for i in self.inputs if (t := i.tensor()) is not None and storage_key(t) == key),
+            None,
+        )
 
     def other_thread_called(self, call: ThreadCall) -> None:
         """Another thread made a CUDA call while this graph was recorded (kept once per

@@ -256,7 +256,12 @@ class Recorder:
         return any(g.inputs for g in self._graphs.values())
 
     def failed_write(
-        self, target: torch.Tensor, value: Any, written_shape: tuple[int, ...] | None, error: BaseException, where: Location | None
+        self,
+        target: torch.Tensor,
+        value: Any,
+        written_shape: tuple[int, ...] | None,
+        error: BaseException,
+        where: Location | None,
     ) -> None:
         """Writing `value` into `target` (into its part of shape `written_shape`) raised
         `error`: a STATIC_INPUT_CHANGED if `target` is a captured graph's input and
@@ -270,18 +275,32 @@ class Recorder:
             found = graph.input_named(key) if graph.versions is not None else None
             if found is None:
                 continue
-            self._failed_writes.append((error, _misfit_write(found.label, graph.where(), value, written_shape, where)))
+            self._failed_writes.append(
+                (error, _misfit_write(found.label, graph.where(), value, written_shape, where))
+            )
             return
 
     # ------------------------------------------------------------------ ddpgraph's own steps
     def ddpgraph_gave_up(self, finding: Finding, where: Location | None) -> None:
         """A ddpgraph step stopped capturing, for `finding` (agreed by every rank)."""
         if finding.code is Code.NO_CUDA and not torch.cuda.is_available():
-            self.add(no_gpu_finding("the ddpgraph step here ran every call eagerly, capturing nothing", where))
+            self.add(
+                no_gpu_finding(
+                    "the ddpgraph step here ran every call eagerly, capturing nothing", where
+                )
+            )
             return
         if any(f.code is finding.code for f in self.findings):
             return  # the failed capture itself was diagnosed here already
-        self.add(Finding(finding.code, finding.happened, finding.fix, finding.subject, finding.location or where))
+        self.add(
+            Finding(
+                finding.code,
+                finding.happened,
+                finding.fix,
+                finding.subject,
+                finding.location or where,
+            )
+        )
 
     def ddpgraph_captured_again(self, finding: Finding, where: Location | None) -> None:
         """A ddpgraph step captured again: a finding when its graph replayed a frozen value."""
@@ -291,8 +310,16 @@ class Recorder:
     def unserved_call(self, finding: Finding, where: Location | None) -> None:
         """A call a ddpgraph step's graph could not serve ran eagerly."""
         previous = self._unserved.get(finding.code)
-        first = previous[1] if previous else Finding(
-            finding.code, finding.happened, finding.fix, finding.subject, finding.location or where
+        first = (
+            previous[1]
+            if previous
+            else Finding(
+                finding.code,
+                finding.happened,
+                finding.fix,
+                finding.subject,
+                finding.location or where,
+            )
         )
         self._unserved[finding.code] = ((previous[0] if previous else 0) + 1, first)
         if finding.code is Code.MODEL_MODE_CHANGED:
@@ -323,7 +350,7 @@ class Recorder:
                     f"{first.happened}",
                     "give every call the captured shapes (pad variable lengths to a few fixed "
                     "sizes, `drop_last=True`), or use `ddpgraph.make_step(..., "
-                    "strategy=\"partial\")` or `torch.compile`, which handle changing shapes",
+                    'strategy="partial")` or `torch.compile`, which handle changing shapes',
                     first.subject,
                     first.location,
                 )
@@ -345,7 +372,11 @@ class Recorder:
 
 
 def _misfit_write(
-    label: str, graph: str, value: torch.Tensor, written_shape: tuple[int, ...], where: Location | None
+    label: str,
+    graph: str,
+    value: torch.Tensor,
+    written_shape: tuple[int, ...],
+    where: Location | None,
 ) -> Finding:
     """STATIC_INPUT_CHANGED: `value` did not fit the part of graph input `label` written."""
     shape = "x".join(str(s) for s in value.shape) or "scalar"

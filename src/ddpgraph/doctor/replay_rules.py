@@ -38,7 +38,10 @@ def remember_captured_state(graph: Graph, loads_so_far: int) -> None:
         if opt is None:
             continue
         graph.hyper.append(
-            [{k: v for k, v in g.items() if k not in NOT_HYPERPARAMETERS | _KERNEL_FLAGS} for g in opt.param_groups]
+            [
+                {k: v for k, v in g.items() if k not in NOT_HYPERPARAMETERS | _KERNEL_FLAGS}
+                for g in opt.param_groups
+            ]
         )
         graph.state.append(
             [

@@ -85,7 +85,9 @@ class DoctorReport:
         }
 
 
-def build_report(script: str, args: list[str], nproc: int, timeout_s: float, run: RunResult) -> DoctorReport:
+def build_report(
+    script: str, args: list[str], nproc: int, timeout_s: float, run: RunResult
+) -> DoctorReport:
     findings = merge_by_code((r.rank, f) for r in run.records for f in r.findings)
     findings += cross_rank_findings(run, timeout_s, own_findings=bool(findings))
     return DoctorReport(script, args, nproc, timeout_s, run, findings)
@@ -118,14 +120,18 @@ def cross_rank_findings(run: RunResult, timeout_s: float, *, own_findings: bool)
         return []  # ranks stopped because another failed: that failure is the finding
     stopped = [r.rank for r in records if r.status not in _DONE]
     status = f" (torchrun exited with status {run.exit_code})" if run.exit_code is not None else ""
-    return [
-        Finding(
-            Code.SCRIPT_FAILED,
-            f"the process ended before the script finished{status}; it may have been killed "
-            "(out of memory, a signal) or crashed outside Python",
-            ranks=tuple(stopped),
-        )
-    ] if stopped else []
+    return (
+        [
+            Finding(
+                Code.SCRIPT_FAILED,
+                f"the process ended before the script finished{status}; it may have been killed "
+                "(out of memory, a signal) or crashed outside Python",
+                ranks=tuple(stopped),
+            )
+        ]
+        if stopped
+        else []
+    )
 
 
 def _timed_out(timeout_s: float, where: Location | None) -> Finding:
@@ -209,7 +215,9 @@ def _finding_panel(finding: Finding) -> Panel:
     if finding.ranks:
         grid.add_row("ranks", format_ranks(finding.ranks))
     if finding.location is not None:
-        where = Text(f"{show_path(finding.location.filename)}:{finding.location.lineno}", style="cyan")
+        where = Text(
+            f"{show_path(finding.location.filename)}:{finding.location.lineno}", style="cyan"
+        )
         if finding.location.source:
             where.append(f"\n{finding.location.source}", style="dim")
         grid.add_row("where", where)
@@ -257,7 +265,12 @@ def render(report: DoctorReport, console: Console) -> None:
         console.print(Text(f"No problems found{note}.", style="bold green"))
     errors = [e for r in run.records for e in r.doctor_errors]
     if errors:
-        console.print(Text(f"The doctor's own bookkeeping failed {len(errors)} time(s); first:\n{errors[0]}", style="yellow"))
+        console.print(
+            Text(
+                f"The doctor's own bookkeeping failed {len(errors)} time(s); first:\n{errors[0]}",
+                style="yellow",
+            )
+        )
 
 
 def render_env(env: EnvReport, console: Console) -> None:
@@ -276,7 +289,9 @@ def render_env(env: EnvReport, console: Console) -> None:
         console.print(gpus)
     if env.topology:
         console.print(Panel(Text(env.topology), title="nvidia-smi topo -m", title_align="left"))
-    variables = Table(title="environment variables", title_justify="left", show_edge=False, show_header=False)
+    variables = Table(
+        title="environment variables", title_justify="left", show_edge=False, show_header=False
+    )
     variables.add_column(style="bold")
     variables.add_column()
     for key, value in env.variables.items():

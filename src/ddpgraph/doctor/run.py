@@ -91,7 +91,9 @@ def run_script(
 
 
 def _ask_for_stacks(directory: str, nproc: int, script: str) -> dict[int, Location | None]:
-    running = [r for r in read_records(directory, nproc) if r.status is RankStatus.RUNNING and r.pid]
+    running = [
+        r for r in read_records(directory, nproc) if r.status is RankStatus.RUNNING and r.pid
+    ]
     for record in running:
         with contextlib.suppress(OSError, AttributeError):
             os.kill(record.pid, signal.SIGUSR1)
@@ -120,7 +122,9 @@ def waiting_location(dump: str, script: str) -> Location | None:
         for line in block.splitlines():
             match = _FRAME.match(line)
             if match:
-                frames.append(traceback.FrameSummary(match["file"], int(match["line"]), match["name"]))
+                frames.append(
+                    traceback.FrameSummary(match["file"], int(match["line"]), match["name"])
+                )
         where = location_of(user_frame(frames[::-1]))
         if where is None:
             continue

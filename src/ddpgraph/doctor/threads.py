@@ -54,7 +54,11 @@ _ENTRY_POINTS: list[tuple[Any, str, str]] = [
 
 
 def _owner_name(owner: Any) -> str:
-    return "torch.cuda" if owner is torch.cuda else f"{'torch.cuda.' if owner is not torch.Tensor else ''}{owner.__name__}"
+    return (
+        "torch.cuda"
+        if owner is torch.cuda
+        else f"{'torch.cuda.' if owner is not torch.Tensor else ''}{owner.__name__}"
+    )
 
 
 def _towards_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -85,10 +89,14 @@ class ThreadWatch:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
         self._loaders: weakref.WeakKeyDictionary[Any, Location | None] = weakref.WeakKeyDictionary()
-        self._pin_threads: weakref.WeakKeyDictionary[threading.Thread, Location | None] = weakref.WeakKeyDictionary()
+        self._pin_threads: weakref.WeakKeyDictionary[threading.Thread, Location | None] = (
+            weakref.WeakKeyDictionary()
+        )
         self._safely: Callable[[str, Callable[[], None]], None] = lambda what, fn: fn()
 
-    def install(self, wrap: Wrap, safely: Callable[[str, Callable[[], None]], None]) -> list[Callable[[], None]]:
+    def install(
+        self, wrap: Wrap, safely: Callable[[str, Callable[[], None]], None]
+    ) -> list[Callable[[], None]]:
         self._safely = safely
         undo = [wrap(DataLoader, "__init__", self._loader_built)]
         iterator = getattr(dataloader_module, "_MultiProcessingDataLoaderIter", None)
@@ -100,12 +108,16 @@ class ThreadWatch:
                 undo.append(wrap(owner, name, partial(self._watched, call, cuda, name == "to")))
         return undo
 
-    def _loader_built(self, original: Callable[..., Any], loader: Any, *args: Any, **kwargs: Any) -> None:
+    def _loader_built(
+        self, original: Callable[..., Any], loader: Any, *args: Any, **kwargs: Any
+    ) -> None:
         original(loader, *args, **kwargs)
         where = user_location()
         self._safely("DataLoader", lambda: self._loaders.__setitem__(loader, where))
 
-    def _iterator_started(self, original: Callable[..., Any], iterator: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+    def _iterator_started(
+        self, original: Callable[..., Any], iterator: Any, loader: Any, *args: Any, **kwargs: Any
+    ) -> None:
         original(iterator, loader, *args, **kwargs)
 
         def remember() -> None:
@@ -115,12 +127,29 @@ class ThreadWatch:
 
         self._safely("DataLoader iterator", remember)
 
-    def _watched(self, call: str, cuda: str, to: bool, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _watched(
+        self,
+        call: str,
+        cuda: str,
+        to: bool,
+        original: Callable[..., Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
         graph = self.recorder.capturing_graph
-        if graph is not None and threading.get_ident() != graph.thread and (not to or _towards_cuda(args, kwargs)):
-            self._safely("other thread's CUDA call", lambda: graph.other_thread_called(self._call(call, cuda)))
+        if (
+            graph is not None
+            and threading.get_ident() != graph.thread
+            and (not to or _towards_cuda(args, kwargs))
+        ):
+            self._safely(
+                "other thread's CUDA call",
+                lambda: graph.other_thread_called(self._call(call, cuda)),
+            )
         return original(*args, **kwargs)
 
     def _call(self, call: str, cuda: str) -> ThreadCall:
         thread = threading.current_thread()
-        return ThreadCall(thread.name, _target(thread), call, cuda, user_location(), self._pin_threads.get(thread))
+        return ThreadCall(
+            thread.name, _target(thread), call, cuda, user_location(), self._pin_threads.get(thread)
+        )

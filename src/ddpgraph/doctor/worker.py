@@ -118,7 +118,11 @@ class Worker:
         me, world = self.recorder.rank, self.recorder.world_size
         while time.monotonic() < deadline:
             records = read_records(self.directory, world)
-            if all(r.status not in (RankStatus.RUNNING, RankStatus.MISSING) for r in records if r.rank != me):
+            if all(
+                r.status not in (RankStatus.RUNNING, RankStatus.MISSING)
+                for r in records
+                if r.rank != me
+            ):
                 return
             time.sleep(0.05)
 
@@ -145,7 +149,9 @@ def main(argv: list[str]) -> int:
     if not directory:
         print(f"{DIR_VARIABLE} is not set; run the script with `ddpgraph doctor`", file=sys.stderr)
         return 2
-    worker = Worker(directory, int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+    worker = Worker(
+        directory, int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    )
     worker.start()
     return worker.run(argv[0], argv[1:])
 

@@ -71,7 +71,11 @@ def pad_to_bucket(
     """
     _check_buckets(buckets)
     if "input_ids" not in batch or not isinstance(batch["input_ids"], torch.Tensor):
-        raise usage_error("`pad_to_bucket(batch)`", "expected a dict with an `input_ids` tensor", "pass the batch dict your collate function returns")
+        raise usage_error(
+            "`pad_to_bucket(batch)`",
+            "expected a dict with an `input_ids` tensor",
+            "pass the batch dict your collate function returns",
+        )
     ids: torch.Tensor = batch["input_ids"]
     length = ids.shape[dim]
     target = next_bucket(length, buckets)
@@ -80,7 +84,9 @@ def pad_to_bucket(
     if "attention_mask" not in out:
         out["attention_mask"] = torch.ones_like(ids, dtype=torch.long)
     for key, value in out.items():
-        if not (isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] == length):
+        if not (
+            isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] == length
+        ):
             continue
         if key not in values:
             raise usage_error(
@@ -93,7 +99,9 @@ def pad_to_bucket(
 
 
 def bucket_collate(
-    collate_fn: Callable[[list[Any]], Mapping[str, Any]], buckets: Sequence[int] = (128, 256, 512), **pad_kwargs: Any
+    collate_fn: Callable[[list[Any]], Mapping[str, Any]],
+    buckets: Sequence[int] = (128, 256, 512),
+    **pad_kwargs: Any,
 ) -> Callable[[list[Any]], dict[str, Any]]:
     """`collate_fn` followed by `pad_to_bucket`, for `DataLoader(collate_fn=...)`."""
     _check_buckets(buckets)
@@ -115,4 +123,8 @@ def _pad_end(t: torch.Tensor, target: int, dim: int, value: int) -> torch.Tensor
 
 def _check_buckets(buckets: Sequence[int]) -> None:
     if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets):
-        raise usage_error("`pad_to_bucket(buckets=...)`", f"expected positive int lengths, got {buckets!r}", "pass e.g. `buckets=(128, 256, 512)`, or `choose_buckets(lengths)`")
+        raise usage_error(
+            "`pad_to_bucket(buckets=...)`",
+            f"expected positive int lengths, got {buckets!r}",
+            "pass e.g. `buckets=(128, 256, 512)`, or `choose_buckets(lengths)`",
+        )

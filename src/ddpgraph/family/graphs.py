@@ -52,9 +52,17 @@ _SEEN_LIMIT = 64
 def check_family(api: str, max_graphs: object, beyond: object, on_input_change: object) -> None:
     """Raise the usage error for a wrong `max_graphs` / `beyond_max_graphs`."""
     if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1:
-        raise usage_error(f"`{api}(max_graphs=...)`", f"expected an int >= 1, got {max_graphs!r}", "leave it out for one graph, or pass the number of input shapes to keep graphs for (e.g. the number of length buckets)")
+        raise usage_error(
+            f"`{api}(max_graphs=...)`",
+            f"expected an int >= 1, got {max_graphs!r}",
+            "leave it out for one graph, or pass the number of input shapes to keep graphs for (e.g. the number of length buckets)",
+        )
     if beyond not in BEYOND_MAX_GRAPHS:
-        raise usage_error(f"`{api}(beyond_max_graphs=...)`", f"expected 'evict' or 'eager', got {beyond!r}", "'evict' releases the least recently used graph for a new signature; 'eager' runs further signatures eagerly")
+        raise usage_error(
+            f"`{api}(beyond_max_graphs=...)`",
+            f"expected 'evict' or 'eager', got {beyond!r}",
+            "'evict' releases the least recently used graph for a new signature; 'eager' runs further signatures eagerly",
+        )
     if max_graphs > 1 and on_input_change == "raise":
         raise usage_error(
             f"`{api}(max_graphs={max_graphs}, on_input_change='raise')`",
@@ -79,7 +87,9 @@ def pool_bytes(pool: Any, device: torch.device) -> int | None:
         return None
     try:
         segments = torch.cuda.memory._snapshot(device)["segments"]
-        mine = [s["total_size"] for s in segments if tuple(s.get("segment_pool_id", ())) == tuple(pool)]
+        mine = [
+            s["total_size"] for s in segments if tuple(s.get("segment_pool_id", ())) == tuple(pool)
+        ]
     except (KeyError, TypeError, RuntimeError):
         return None
     return sum(mine) if mine else None
@@ -87,7 +97,10 @@ def pool_bytes(pool: Any, device: torch.device) -> int | None:
 
 def describe(signature: Signature) -> str:
     """A short label of a signature: the shapes of its tensors."""
-    return " ".join("x".join(map(str, x.shape)) for x in signature.leaves if isinstance(x, TensorMeta)) or "()"
+    return (
+        " ".join("x".join(map(str, x.shape)) for x in signature.leaves if isinstance(x, TensorMeta))
+        or "()"
+    )
 
 
 @dataclass
@@ -100,8 +113,12 @@ class GraphFamily:
     """The graphs held for one step, most recently used first, and what the next call
     needs: the graph that serves it, or whether it may add one."""
 
-    def __init__(self, max_graphs: object, beyond: object, stats: StepStats, pool: Any, device: torch.device) -> None:
-        self.max_graphs = max_graphs if isinstance(max_graphs, int) and not isinstance(max_graphs, bool) else 1
+    def __init__(
+        self, max_graphs: object, beyond: object, stats: StepStats, pool: Any, device: torch.device
+    ) -> None:
+        self.max_graphs = (
+            max_graphs if isinstance(max_graphs, int) and not isinstance(max_graphs, bool) else 1
+        )
         self.beyond = beyond
         self.pool = pool
         self.device = device
@@ -140,7 +157,9 @@ class GraphFamily:
 
     def expects_unserved(self) -> bool:
         """Whether a call no graph serves is a family warm-up (not worth a warning)."""
-        return self._candidate is not None and (len(self.members) < self.max_graphs or self.beyond == "evict")
+        return self._candidate is not None and (
+            len(self.members) < self.max_graphs or self.beyond == "evict"
+        )
 
     def add(self, captured: Captured) -> None:
         """Hold `captured` first; release the least recently used graph beyond the limit."""
@@ -194,6 +213,8 @@ class GraphFamily:
         return label
 
     def _update(self) -> None:
-        self._labels = {id(m): self._labels.get(id(m)) or describe(m.graph.signature) for m in self.members}
+        self._labels = {
+            id(m): self._labels.get(id(m)) or describe(m.graph.signature) for m in self.members
+        }
         self._stats.graphs = len(self.members)
         self._stats.pool_bytes = pool_bytes(self.pool, self.device)

@@ -74,7 +74,18 @@ class _Tensor:
 _TENSOR = _Tensor()
 _TENSOR_TYPES = frozenset({torch.Tensor, nn.Parameter})
 _NAN = "nan"  # NaN is not equal to itself; a NaN constant must not look like a change
-_PLAIN = (int, str, bool, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format, slice)
+_PLAIN = (
+    int,
+    str,
+    bool,
+    type(None),
+    complex,
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    slice,
+)
 
 
 def _value(v: Any) -> Any:
@@ -231,7 +242,11 @@ def outside_compiled(model: nn.Module, watch: ValueWatch, stack: ExitStack) -> N
         if compiled is not None:
             module._compiled_call_impl = _without(watch, compiled)
             stack.callback(setattr, module, "_compiled_call_impl", compiled)
-        elif hasattr(module, "_orig_mod") and hasattr(module, "dynamo_ctx") and "forward" in module.__dict__:
+        elif (
+            hasattr(module, "_orig_mod")
+            and hasattr(module, "dynamo_ctx")
+            and "forward" in module.__dict__
+        ):
             forward = module.__dict__["forward"]
             module.__dict__["forward"] = _without(watch, forward)
             stack.callback(module.__dict__.__setitem__, "forward", forward)
@@ -265,7 +280,7 @@ def dynamo_guard_failures(before: dict[Any, int]) -> list[str]:
     store = _guard_failure_store()
     if store is None:
         return []
-    return [str(r) for code, v in list(store.items()) for r in v[before.get(code, 0):]]
+    return [str(r) for code, v in list(store.items()) for r in v[before.get(code, 0) :]]
 
 
 _GUARD_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
@@ -297,7 +312,10 @@ def _differing_argument(entries: Sequence[Entry]) -> list[Any] | None:
         column = [e[1][position] for e in entries]
         if any(c != column[0] for c in column):
             # A keyword argument is kept as (name, value).
-            return [c[1] if isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], str) else c for c in column]
+            return [
+                c[1] if isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], str) else c
+                for c in column
+            ]
     return None
 
 
@@ -309,7 +327,9 @@ FIX = (
 )
 
 
-def frozen_finding(divergence: Divergence, older: Sequence[Trace], *, when: str, later: str) -> Finding:
+def frozen_finding(
+    divergence: Divergence, older: Sequence[Trace], *, when: str, later: str
+) -> Finding:
     """FROZEN_PYTHON_VALUE for `divergence`. `older` are earlier watched calls whose
     entry at that index, where it is a call of the same function, joins the values
     shown; `when` says which calls the values are from ("in the last 3 warm-up steps"),
@@ -319,20 +339,28 @@ def frozen_finding(divergence: Divergence, older: Sequence[Trace], *, when: str,
     where = divergence.location
     line = f"`{where.source}`" if where is not None and where.source else "the step"
     if reference is not None and current is not None and reference[0] == current[0]:
-        earlier = [t.entries[i] for t in older if i < len(t.entries) and t.entries[i][0] == current[0]]
-        values = _differing_argument([*earlier, reference, current]) or _differing_argument([reference, current])
+        earlier = [
+            t.entries[i] for t in older if i < len(t.entries) and t.entries[i][0] == current[0]
+        ]
+        values = _differing_argument([*earlier, reference, current]) or _differing_argument(
+            [reference, current]
+        )
         shown = ", ".join(_show(v) for v in (values or [])[-_SHOWN_VALUES:]) or "other arguments"
         happened = (
             f"{line} passes `{_name(current[0])}` a Python value that changes from call to call "
             f"({shown} {when}); {later}"
         )
     else:
-        ran = [f"`{_name(e[0])}`" if e is not None else "nothing more" for e in (current, reference)]
+        ran = [
+            f"`{_name(e[0])}`" if e is not None else "nothing more" for e in (current, reference)
+        ]
         happened = (
             f"{line} takes another path from call to call (a Python branch): the step ran {ran[0]} "
             f"where the other call ran {ran[1]} ({when}); {later}"
         )
-    return Finding(Code.FROZEN_PYTHON_VALUE, happened, FIX, subject="`capture_step`", location=where)
+    return Finding(
+        Code.FROZEN_PYTHON_VALUE, happened, FIX, subject="`capture_step`", location=where
+    )
 
 
 def guard_finding(reasons: Sequence[str], *, when: str, later: str) -> Finding:

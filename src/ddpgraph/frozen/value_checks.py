@@ -116,11 +116,15 @@ class ValueChecks:
         self._probe = None
 
         def done(watch: ValueWatch) -> None:
-            older = history[:-1][-(WATCHED_STEPS - 2):]
+            older = history[:-1][-(WATCHED_STEPS - 2) :]
             history.append(watch.trace)
             del history[:-WATCHED_STEPS]
             if probe and reference is not None:
-                watched = "calls: a check call and this warm-up step" if reference.checked else "warm-up steps"
+                watched = (
+                    "calls: a check call and this warm-up step"
+                    if reference.checked
+                    else "warm-up steps"
+                )
                 when = f"in the last {len(older) + 2} {watched}"
                 later = "every replay would repeat the value of the call the graph records"
                 self._probe = _findings(watch, older, when, later)
@@ -140,7 +144,12 @@ class ValueChecks:
     def due(self, calls: int) -> bool:
         """Whether call number `calls` is a check call (the same on every rank)."""
         start = self._captured_at
-        return self.every is not None and start is not None and calls > start and (calls - start) % self.every == 0
+        return (
+            self.every is not None
+            and start is not None
+            and calls > start
+            and (calls - start) % self.every == 0
+        )
 
     def agrees_after_check(self, calls: int) -> bool:
         """The call after a check call: a decision point on every rank."""
@@ -179,7 +188,9 @@ class ValueChecks:
             self._seen.clear()
 
     # ----------------------------------------------------------------- shared
-    def _history(self, leaves: list[Any], spec: Any, names: list[str], *, add: bool = True) -> list[Trace]:
+    def _history(
+        self, leaves: list[Any], spec: Any, names: list[str], *, add: bool = True
+    ) -> list[Trace]:
         """The watched calls like this one: of its signature, and in the model's state
         a graph keeps (train/eval mode; whether DDP's forward broadcasts buffers, which it
         skips after an eval forward, by Python of its own), which a call in another

@@ -203,7 +203,9 @@ class StaticInputs:
                 self.buffers.append(buf.requires_grad_(leaf.requires_grad))
             else:
                 self.buffers.append(leaf)
-        self._grad_buffers = any(isinstance(b, torch.Tensor) and b.requires_grad for b in self.buffers)
+        self._grad_buffers = any(
+            isinstance(b, torch.Tensor) and b.requires_grad for b in self.buffers
+        )
 
     def call_args(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return unflatten_call(self.buffers, self.spec)

@@ -57,7 +57,9 @@ class ReplayableGraph(Generic[R]):
             return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, outputs)  # type: ignore[no-any-return]
         return outputs  # type: ignore[no-any-return]
 
-    def changed_input(self, args: tuple[Any, ...], kwargs: dict[str, Any], subject: str, rank: int) -> Finding:
+    def changed_input(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], subject: str, rank: int
+    ) -> Finding:
         change = self.signature.describe_change(args, kwargs)
         return Finding(
             Code.INPUT_SIGNATURE_CHANGED,
@@ -76,7 +78,11 @@ GivenCall = tuple[tuple[Any, ...], dict[str, Any], list[Any]]
 
 
 def run_eager_call(
-    fn: Callable[..., R], leaves: list[Any], spec: Any, device: torch.device, stream: torch.cuda.Stream | None,
+    fn: Callable[..., R],
+    leaves: list[Any],
+    spec: Any,
+    device: torch.device,
+    stream: torch.cuda.Stream | None,
     given: GivenCall | None = None,
 ) -> R:
     """One eager call of `fn` on the flattened arguments (`inputs.flatten_call`): CPU

@@ -81,20 +81,22 @@ def lightning_refusal(trainer: pl.Trainer, module: pl.LightningModule) -> Findin
     if isinstance(plugin, MixedPrecision) and plugin.scaler is not None:
         return Finding(
             Code.GRAD_SCALER_IN_CAPTURE,
-            f"`precision=\"{plugin.precision}\"` scales the loss with a GradScaler, which reads "
+            f'`precision="{plugin.precision}"` scales the loss with a GradScaler, which reads '
             "its found-inf flag on the host",
-            "use `precision=\"bf16-mixed\"`, which needs no loss scaling",
+            'use `precision="bf16-mixed"`, which needs no loss scaling',
             subject=_SUBJECT,
         )
     if type(plugin) not in _CAPTURABLE_PRECISION:
-        return _unsupported(f"the precision plugin {type(plugin).__name__} is not one the callback knows")
+        return _unsupported(
+            f"the precision plugin {type(plugin).__name__} is not one the callback knows"
+        )
     strategy = trainer.strategy
     if not isinstance(strategy, (DDPStrategy, SingleDeviceStrategy)) or not isinstance(
         strategy.model, nn.Module
     ):
         return _unsupported(
             f"the strategy {type(strategy).__name__} is not DDP",
-            "use `Trainer(strategy=\"ddp\")`",
+            'use `Trainer(strategy="ddp")`',
         )
     if len(trainer.optimizers) != 1:
         return _unsupported(f"expected one optimizer, got {len(trainer.optimizers)}")
@@ -148,7 +150,9 @@ class CUDAGraphCallback(pl.Callback):
     step, also those that ran eagerly because the callback refused (no GPU, say).
     """
 
-    def __init__(self, *, options: CaptureOptions | None = None, **settings: Unpack[CaptureSettings]) -> None:
+    def __init__(
+        self, *, options: CaptureOptions | None = None, **settings: Unpack[CaptureSettings]
+    ) -> None:
         # The loss and extras outlive the next replay in Lightning: outputs are always cloned.
         merged = merge_settings("CUDAGraphCallback", options, settings)
         self._options = dataclasses.replace(merged, clone_outputs=True)
@@ -181,7 +185,9 @@ class CUDAGraphCallback(pl.Callback):
         eagerly without one."""
         return self._step.stats if self._step is not None else self._stats
 
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
         if self._step is None:  # refused: Lightning's own step runs, eagerly
             self._stats.calls += 1
             self._stats.eager_steps += 1
@@ -234,11 +240,13 @@ class CUDAGraphCallback(pl.Callback):
         if kwargs is None:  # the same Lightning, so the same answer, on every rank
             original = self._original
             self._finish()
-            self._refuse(_unsupported(
-                f"Lightning {getattr(pl, '__version__', '?')} passes `optimizer_step` a closure of a shape "
-                "the callback does not know, so it cannot give the step its batch",
-                "report the Lightning version; training runs eagerly meanwhile",
-            ))
+            self._refuse(
+                _unsupported(
+                    f"Lightning {getattr(pl, '__version__', '?')} passes `optimizer_step` a closure of a shape "
+                    "the callback does not know, so it cannot give the step its batch",
+                    "report the Lightning version; training runs eagerly meanwhile",
+                )
+            )
             self._last_state = StepState.EAGER
             original(epoch, batch_idx, optimizer, optimizer_closure)
             return
@@ -280,7 +288,9 @@ class CUDAGraphCallback(pl.Callback):
             self._module = None
         if self._step is not None:
             self.reason = self._step.reason
-            self._stats = dataclasses.replace(self._step.stats, replays_per_graph=dict(self._step.stats.replays_per_graph))
+            self._stats = dataclasses.replace(
+                self._step.stats, replays_per_graph=dict(self._step.stats.replays_per_graph)
+            )
             self._last_state = self._step.state
             self._step.close()
             self._step = None

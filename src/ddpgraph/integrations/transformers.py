@@ -107,10 +107,15 @@ class TrainerGraphs:
         )
         if not decision.ok:
             self.reason, self._last_state = decision.summary(), StepState.EAGER.value
-            fall_back(self.reason, self._on_failure, continues="Trainer trains eagerly.", stacklevel=4)
+            fall_back(
+                self.reason, self._on_failure, continues="Trainer trains eagerly.", stacklevel=4
+            )
             return False
         step = capture_step(
-            update, model=model, optimizer=trainer.optimizer, options=self._options,
+            update,
+            model=model,
+            optimizer=trainer.optimizer,
+            options=self._options,
             compile=is_compiled_module(model),
         )
         if step.state is StepState.EAGER:  # refused by capture_step (no GPU, say): it said why
@@ -121,7 +126,9 @@ class TrainerGraphs:
         self._answer_loop_step(trainer.optimizer)
         return True
 
-    def run(self, model: nn.Module, inputs: Mapping[str, Any], num_items_in_batch: Any) -> torch.Tensor:
+    def run(
+        self, model: nn.Module, inputs: Mapping[str, Any], num_items_in_batch: Any
+    ) -> torch.Tensor:
         """One update through the captured step; the loss, as `training_step` returns it."""
         assert self._step is not None
         # A replay runs no Python: the train mode `training_step` sets (after an
@@ -202,7 +209,11 @@ class CUDAGraphTrainer(Trainer):
         # keywords count as given where they differ from their defaults.
         given = {"backend": backend, "on_failure": on_failure, "warmup_steps": capture_warmup_steps}
         defaults = {"backend": None, "on_failure": "eager", "warmup_steps": None}
-        settings = {k: v for k, v in given.items() if v != defaults[k]} if capture_options is not None else given
+        settings = (
+            {k: v for k, v in given.items() if v != defaults[k]}
+            if capture_options is not None
+            else given
+        )
         options = merge_settings(SUBJECT.strip("`"), capture_options, settings)
         options.check(SUBJECT.strip("`"))
         self.graphs = TrainerGraphs(options)
@@ -214,7 +225,9 @@ class CUDAGraphTrainer(Trainer):
         finally:
             self.graphs.finish()
 
-    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+    def training_step(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> torch.Tensor:
         def update(batch: dict[str, Any], items: Any) -> tuple[torch.Tensor, Any]:
             return self._whole_update(model, batch, items)
 
@@ -222,7 +235,9 @@ class CUDAGraphTrainer(Trainer):
             return super().training_step(model, inputs, num_items_in_batch)
         return self.graphs.run(model, inputs, num_items_in_batch)
 
-    def _whole_update(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any) -> tuple[torch.Tensor, Any]:
+    def _whole_update(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any
+    ) -> tuple[torch.Tensor, Any]:
         """Trainer's update in the order of its loop, with its own methods: what the
         graph records."""
         loss = super().training_step(model, inputs, num_items_in_batch)

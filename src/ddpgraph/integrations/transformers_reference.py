@@ -30,7 +30,9 @@ class GraphSafeReference(TrainerCallback):
     so that each step runs with the graph-safe mode installed, as a captured update's
     eager steps run it."""
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any
+    ) -> None:
         inner = getattr(optimizer, "optimizer", optimizer)
         if getattr(inner.step, "_graph_safe_reference", False):
             return  # a later `train()` of the same Trainer: its optimizer is wrapped already

@@ -87,7 +87,9 @@ def _parallelism_refusal(trainer: Trainer, model: nn.Module) -> Finding | None:
             f"Trainer wraps the model in `torch.nn.DataParallel` ({trainer.args.n_gpu} GPUs in one process)",
             "launch one process per GPU with `torchrun --nproc_per_node=N`, which trains with DDP",
         )
-    if is_compiled_module(model) and (makes_graphs(model) or trainer.args.torch_compile_mode in GRAPH_MODES):
+    if is_compiled_module(model) and (
+        makes_graphs(model) or trainer.args.torch_compile_mode in GRAPH_MODES
+    ):
         return _unsupported(
             f"`torch_compile_mode={trainer.args.torch_compile_mode!r}` makes CUDA graphs of its own, which "
             "cannot be recorded inside the update's graph",
@@ -98,7 +100,7 @@ def _parallelism_refusal(trainer: Trainer, model: nn.Module) -> Finding | None:
     if not isinstance(inner, Optimizer):
         return _unsupported(
             f"the optimizer is a {type(inner).__name__}, not a torch.optim.Optimizer",
-            "use one of Trainer's torch optimizers (`optim=\"adamw_torch_fused\"`, the default)",
+            'use one of Trainer\'s torch optimizers (`optim="adamw_torch_fused"`, the default)',
         )
     return None
 

@@ -55,15 +55,19 @@ def optimizer_params_device(optimizer: Optimizer) -> torch.device | None:
     return None
 
 
-def refusal(optimizer: Optimizer, device: torch.device, *, python_replays: bool = True) -> Finding | None:
+def refusal(
+    optimizer: Optimizer, device: torch.device, *, python_replays: bool = True
+) -> Finding | None:
     """Why `optimizer` has no graph-safe mode on `device`, or None. `python_replays=False`
     is a backend whose replays run no Python: on CPU, the recording backend, which
     refuses a step that reads tensor data on the host, as a CUDA capture does."""
     name = type(optimizer).__name__
     if capture_support(optimizer) is None:
         return not_capturable_finding(optimizer)
-    reads_host = device.type == "cpu" and not python_replays and any(
-        kernel_support(optimizer, g).reads_host for g in optimizer.param_groups
+    reads_host = (
+        device.type == "cpu"
+        and not python_replays
+        and any(kernel_support(optimizer, g).reads_host for g in optimizer.param_groups)
     )
     if reads_host:
         return Finding(
@@ -76,7 +80,9 @@ def refusal(optimizer: Optimizer, device: torch.device, *, python_replays: bool 
             "captured with its capturable kernel",
             subject=f"`{name}`",
         )
-    if device.type == "cuda" and any(g.get("differentiable", False) for g in optimizer.param_groups):
+    if device.type == "cuda" and any(
+        g.get("differentiable", False) for g in optimizer.param_groups
+    ):
         return Finding(
             Code.OPTIMIZER_NOT_CAPTURABLE,
             f"{name} has `differentiable=True`, which has no capturable kernel",
@@ -165,7 +171,9 @@ def baked_finding(changes: list[HyperparamChange], optimizer: Optimizer) -> Find
         )
     update = own_update(optimizer)
     if update is not None and change.key == update.key:
-        read = f"`{change.key}[{update.element}]`" if update.element is not None else f"`{change.key}`"
+        read = (
+            f"`{change.key}[{update.element}]`" if update.element is not None else f"`{change.key}`"
+        )
         rest = f"the rest of `{change.key}`" if update.element is not None else "whether it is zero"
         why = f"ddpgraph's own update for {name} reads {read} from a tensor; {rest} is a Python number in the graph"
     else:

@@ -95,7 +95,9 @@ class _Slot:
             values = list(value)
         else:
             values = [value]
-        if not all(is_number(v) or (isinstance(v, torch.Tensor) and v.numel() == 1) for v in values):
+        if not all(
+            is_number(v) or (isinstance(v, torch.Tensor) and v.numel() == 1) for v in values
+        ):
             return False
         # No `no_grad` block (it costs more than the fill): the targets never require grad.
         for i, v in enumerate(values):
@@ -205,14 +207,19 @@ class HyperparamMirror:
         if self.own is None and self._frozen is None:
             # Warming up: a value that changed since the last call is a schedule's.
             lives = [update.live_value(g.get(update.key)) for g in groups]
-            if any(is_number(v) and is_number(w) and v != w for v, w in zip(lives, self._last_live, strict=False)):
+            if any(
+                is_number(v) and is_number(w) and v != w
+                for v, w in zip(lives, self._last_live, strict=False)
+            ):
                 self.schedule()
             self._last_live = lives
         if self.own is not None:
             for i, group in enumerate(groups[: len(self.slots)]):
                 value = group.get(update.key)
                 if not self.own.fill(i, value):
-                    unapplied.append(HyperparamChange(i, update.key, self.own.filled(i), value, False))
+                    unapplied.append(
+                        HyperparamChange(i, update.key, self.own.filled(i), value, False)
+                    )
         return unapplied
 
     def install(self) -> None:
@@ -220,7 +227,9 @@ class HyperparamMirror:
         update in place of `step` where a schedule cycles its value."""
         assert self._given is None, "the graph-safe mode is already installed"
         self._given = []
-        for group, slots, support in zip(self.optimizer.param_groups, self.slots, self.supports, strict=True):
+        for group, slots, support in zip(
+            self.optimizer.param_groups, self.slots, self.supports, strict=True
+        ):
             flags = dict(support.flags)
             self._given.append({k: group.get(k, _MISSING) for k in (*slots, *flags)})
             for key, slot in slots.items():
@@ -245,7 +254,9 @@ class HyperparamMirror:
         meanwhile is kept; with `read_back`, so is one it wrote into a mirror tensor."""
         if self._given is None:
             return
-        for group, given, slots in zip(self.optimizer.param_groups, self._given, self.slots, strict=True):
+        for group, given, slots in zip(
+            self.optimizer.param_groups, self._given, self.slots, strict=True
+        ):
             for key, value in given.items():
                 slot = slots.get(key)
                 if slot is not None and group.get(key) is not slot.packed:
@@ -270,7 +281,9 @@ class HyperparamMirror:
         self._seen = None
         self._frozen = [
             {k: _kept(group[k]) for k in self._frozen_keys(group, slots, support)}
-            for group, slots, support in zip(self.optimizer.param_groups, self.slots, self.supports, strict=True)
+            for group, slots, support in zip(
+                self.optimizer.param_groups, self.slots, self.supports, strict=True
+            )
         ]
 
     def thaw(self) -> None:
@@ -288,7 +301,9 @@ class HyperparamMirror:
         for i, (group, (keys, values, lists)) in enumerate(zip(groups, seen, strict=True)):
             if lists and any(group.get(k) != copy for k, copy in lists):
                 return self._full_pass()  # a list changed in place
-            if not all(map(is_, map(group.get, keys), values)) and not self._follow(i, group, keys, values):
+            if not all(map(is_, map(group.get, keys), values)) and not self._follow(
+                i, group, keys, values
+            ):
                 return self._full_pass()
         return []
 
@@ -297,7 +312,9 @@ class HyperparamMirror:
         self._seen = None if changes else self._snapshot()
         return changes
 
-    def _follow(self, i: int, group: dict[str, Any], keys: tuple[str, ...], values: tuple[Any, ...]) -> bool:
+    def _follow(
+        self, i: int, group: dict[str, Any], keys: tuple[str, ...], values: tuple[Any, ...]
+    ) -> bool:
         """A scheduler's step: only the keys assigned since the last replay are looked at
         (a fill per mirrored value, a comparison per frozen one); False where that is not
         enough (a frozen value changed, a value of another form, a tensor value)."""
@@ -313,7 +330,9 @@ class HyperparamMirror:
                     return False
             elif self.own is not None and key == self.own.update.key:
                 update = self.own.update
-                if update.frozen_part(frozen.get(key)) != update.frozen_part(after) or not self.own.fill(i, after):
+                if update.frozen_part(frozen.get(key)) != update.frozen_part(
+                    after
+                ) or not self.own.fill(i, after):
                     return False
             elif not _same(frozen.get(key, _MISSING), after):
                 return False
@@ -321,11 +340,15 @@ class HyperparamMirror:
         return True
 
     def _snapshot(self) -> list[_Seen] | None:
-        if self._frozen is None or any(s.has_tensor for slots in self.slots for s in slots.values()):
+        if self._frozen is None or any(
+            s.has_tensor for slots in self.slots for s in slots.values()
+        ):
             return None  # a tensor value is copied on every sync: it may change in place
         return [
             _seen_of(group, (*slots, *frozen))
-            for group, slots, frozen in zip(self.optimizer.param_groups, self.slots, self._frozen, strict=True)
+            for group, slots, frozen in zip(
+                self.optimizer.param_groups, self.slots, self._frozen, strict=True
+            )
         ]
 
     def frozen_changes(self) -> list[HyperparamChange]:
@@ -353,7 +376,9 @@ class HyperparamMirror:
                     changes.append(HyperparamChange(i, key, before, after, False))
         return changes
 
-    def _frozen_keys(self, group: dict[str, Any], slots: dict[str, _Slot], support: KernelSupport) -> list[str]:
+    def _frozen_keys(
+        self, group: dict[str, Any], slots: dict[str, _Slot], support: KernelSupport
+    ) -> list[str]:
         # The flags the graph-safe mode sets are the same in every step it runs, whatever
         # the user's (or a loaded checkpoint's) own values are; a value only the first
         # step reads (captures come after it) no step after it reads either.

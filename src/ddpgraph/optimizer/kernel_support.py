@@ -124,9 +124,7 @@ def kernel_support(optimizer: Optimizer, group: dict[str, Any]) -> KernelSupport
         keys = tuple(k for k in CPU_TENSOR_KEYS if _candidate(options.get(k)))
         return KernelSupport(tuple(flags.items()), keys, ())
     # Zero and non-zero values take different code paths (`if weight_decay != 0`).
-    shape = tuple(
-        sorted((k, _zeros(v) if _candidate(v) else repr(v)) for k, v in options.items())
-    )
+    shape = tuple(sorted((k, _zeros(v) if _candidate(v) else repr(v)) for k, v in options.items()))
     key = (type(optimizer), device, param.dtype, shape)
     if key not in _CACHE:
         if device.type == "cuda":
@@ -141,7 +139,11 @@ def _zeros(value: Any) -> Any:
 
 
 def _probe(
-    cls: type[Optimizer], options: dict[str, Any], flags: dict[str, Any], device: torch.device, dtype: torch.dtype
+    cls: type[Optimizer],
+    options: dict[str, Any],
+    flags: dict[str, Any],
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> KernelSupport:
     safe = {**options, **flags}
     candidates = [k for k, v in options.items() if _candidate(v)]
@@ -163,22 +165,38 @@ def _probe(
     if frozen:
         with contextlib.suppress(Exception):  # no third step to compare with: nothing is first-only
             unchanged = _two_steps(cls, safe, (), device, dtype, third={})
-            first_only = tuple(n for n in frozen if _first_step_only(cls, safe, n, device, dtype, unchanged))
+            first_only = tuple(
+                n for n in frozen if _first_step_only(cls, safe, n, device, dtype, unchanged)
+            )
     own = _own_keys(cls, safe, tuple(accepted), device, dtype)
     return KernelSupport(tuple(flags.items()), tuple(accepted), host_state, first_only, own)
 
 
-def _probe_cpu(cls: type[Optimizer], options: dict[str, Any], device: torch.device, dtype: torch.dtype) -> KernelSupport:
+def _probe_cpu(
+    cls: type[Optimizer], options: dict[str, Any], device: torch.device, dtype: torch.dtype
+) -> KernelSupport:
     keys = tuple(k for k in CPU_TENSOR_KEYS if _candidate(options.get(k)))
     flags: dict[str, Any] = {}
     if "fused" in options and _host_reads(cls, {**options, **_CPU_FUSED}, keys, device, dtype) == 0:
         flags = dict(_CPU_FUSED)
     safe = {**options, **flags}
     reads = _host_reads(cls, safe, keys, device, dtype)
-    return KernelSupport(tuple(flags.items()), keys, (), own_keys=_own_keys(cls, safe, keys, device, dtype), reads_host=reads != 0)
+    return KernelSupport(
+        tuple(flags.items()),
+        keys,
+        (),
+        own_keys=_own_keys(cls, safe, keys, device, dtype),
+        reads_host=reads != 0,
+    )
 
 
-def _host_reads(cls: type[Optimizer], options: dict[str, Any], as_tensor: tuple[str, ...], device: torch.device, dtype: torch.dtype) -> int | None:
+def _host_reads(
+    cls: type[Optimizer],
+    options: dict[str, Any],
+    as_tensor: tuple[str, ...],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> int | None:
     """How many host reads two CPU steps make; None when the steps fail."""
     reads: list[str] = []
     try:
@@ -195,11 +213,20 @@ _OWN_DTYPES = (torch.float32, torch.float64)
 
 
 def _own_keys(
-    cls: type[Optimizer], options: dict[str, Any], as_tensor: tuple[str, ...], device: torch.device, dtype: torch.dtype
+    cls: type[Optimizer],
+    options: dict[str, Any],
+    as_tensor: tuple[str, ...],
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> tuple[str, ...]:
 
     update = own_update(cls)
-    if update is None or update.key in as_tensor or dtype not in _OWN_DTYPES or options.get("differentiable"):
+    if (
+        update is None
+        or update.key in as_tensor
+        or dtype not in _OWN_DTYPES
+        or options.get("differentiable")
+    ):
         return ()
     value = options.get(update.key)
     live = update.live_value(value)
@@ -219,7 +246,12 @@ def _own_keys(
 
 
 def _first_step_only(
-    cls: type[Optimizer], options: dict[str, Any], name: str, device: torch.device, dtype: torch.dtype, unchanged: torch.Tensor
+    cls: type[Optimizer],
+    options: dict[str, Any],
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    unchanged: torch.Tensor,
 ) -> bool:
     """Whether a third step lands on exactly the bits of `unchanged` (three steps with
     nothing changed) with `name` changed before it."""
@@ -280,7 +312,9 @@ def _two_steps(
     return param.detach().float().cpu()
 
 
-def _construct(cls: type[Optimizer], params: list[torch.nn.Parameter], options: dict[str, Any]) -> Optimizer:
+def _construct(
+    cls: type[Optimizer], params: list[torch.nn.Parameter], options: dict[str, Any]
+) -> Optimizer:
     """`cls(params, **options)`, with the options its constructor does not take (AdamW's
     `decoupled_weight_decay`, which it sets itself) put into the param group after."""
     accepted = inspect.signature(cls.__init__).parameters
@@ -296,7 +330,9 @@ def _own_step(opt: Optimizer, device: torch.device) -> Any:
     return OwnStep(opt, update, device)
 
 
-def _host_state(cls: type[Optimizer], options: dict[str, Any], device: torch.device, dtype: torch.dtype) -> tuple[str, ...]:
+def _host_state(
+    cls: type[Optimizer], options: dict[str, Any], device: torch.device, dtype: torch.dtype
+) -> tuple[str, ...]:
     param = torch.nn.Parameter(torch.ones(4, device=device, dtype=dtype))
     opt = _construct(cls, [param], options)
     param.grad = torch.ones_like(param)
@@ -318,7 +354,9 @@ def _quiet() -> Iterator[None]:
 
 
 @contextmanager
-def _no_host_reads(device: torch.device, *, enabled: bool, reads: list[str] | None = None) -> Iterator[None]:
+def _no_host_reads(
+    device: torch.device, *, enabled: bool, reads: list[str] | None = None
+) -> Iterator[None]:
     if device.type != "cuda":
         if reads is None:
             yield

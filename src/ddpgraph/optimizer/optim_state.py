@@ -27,7 +27,11 @@ def scalars_to_device(optimizer: Optimizer) -> None:
         for key, value in list(state.items()):
             if key == "step" and is_number(value):
                 state[key] = torch.tensor(float(value), dtype=torch.float32, device=param.device)
-            elif isinstance(value, torch.Tensor) and value.dim() == 0 and value.device != param.device:
+            elif (
+                isinstance(value, torch.Tensor)
+                and value.dim() == 0
+                and value.device != param.device
+            ):
                 state[key] = value.to(param.device)
 
 
@@ -40,7 +44,9 @@ def scalars_to_host(optimizer: Optimizer, host_state: list[tuple[str, ...]]) -> 
                 optimizer.state[param] = _on_host(state, keys)
 
 
-def plain_state_dict(state_dict: dict[str, Any], host_state: list[tuple[str, ...]]) -> dict[str, Any]:
+def plain_state_dict(
+    state_dict: dict[str, Any], host_state: list[tuple[str, ...]]
+) -> dict[str, Any]:
     """`state_dict` with host-state entries on the CPU, as the plain optimizer saves them.
 
     The entries of `state_dict["state"]` are the live state dicts; changed ones are

@@ -110,7 +110,9 @@ def _adam_group(opt: Optimizer, group: dict[str, Any], live: Live) -> None:
     max_exp_avg_sqs: list[torch.Tensor] = []
     steps: list[torch.Tensor] = []
     # PyTorch's own lazy state initialisation, flags included (state on the device).
-    has_complex = opt._init_group(group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps)  # type: ignore[attr-defined]
+    has_complex = opt._init_group(
+        group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps
+    )  # type: ignore[attr-defined]
     if not params:
         return
     if has_complex:
@@ -198,7 +200,9 @@ def _sgd_group(opt: Optimizer, group: dict[str, Any], live: Live) -> None:
 ADAM = OwnUpdate(
     "betas", 0, (("beta1", lambda b: b), ("one_minus_beta1", lambda b: 1 - b)), _adam_group
 )
-SGD_UPDATE = OwnUpdate("momentum", None, (("momentum", lambda m: m),), _sgd_group, branch_at_zero=True)
+SGD_UPDATE = OwnUpdate(
+    "momentum", None, (("momentum", lambda m: m),), _sgd_group, branch_at_zero=True
+)
 
 
 def own_update(optimizer: Optimizer | type[Optimizer]) -> OwnUpdate | None:

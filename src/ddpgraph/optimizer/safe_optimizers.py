@@ -90,7 +90,9 @@ class GraphSafeOptimizers:
         """Why one of them has no graph-safe mode here, found without changing any.
         `python_replays=False`: a backend whose replays run no Python (the recording
         backend on CPU), which refuses a step that reads the host."""
-        found = (refusal(opt, self.device, python_replays=python_replays) for opt in self.optimizers)
+        found = (
+            refusal(opt, self.device, python_replays=python_replays) for opt in self.optimizers
+        )
         return next((f for f in found if f), None)
 
     def prepare(self) -> Finding | None:
@@ -161,7 +163,10 @@ class GraphSafeOptimizers:
     def captured(self) -> None:
         """The graph now reads these state tensors and holds the Python-number values."""
         self._captured = [state_refs(opt) for opt in self.optimizers]
-        self._layouts = [CapturedLayout(opt.state, len(opt.state), len(opt.param_groups)) for opt in self.optimizers]
+        self._layouts = [
+            CapturedLayout(opt.state, len(opt.state), len(opt.param_groups))
+            for opt in self.optimizers
+        ]
         for mirror in self.mirrors:
             mirror.freeze()
 
@@ -196,12 +201,19 @@ class GraphSafeOptimizers:
         follow, as a report."""
         for opt, layout in zip(self.optimizers, self._layouts, strict=True):
             if opt.state is not layout.container or len(opt.state) != layout.entries:
-                return _replaced(opt, "its `state` was replaced or entries were added or removed by hand")
+                return _replaced(
+                    opt, "its `state` was replaced or entries were added or removed by hand"
+                )
         change = self.before_replay()
         if change is None:
             return None
-        regrouped = any(len(o.param_groups) != r.groups for o, r in zip(self.optimizers, self._layouts, strict=True))
-        return Report(change.finding, Action.RECAPTURE if regrouped or change.recapture else Action.EAGER)
+        regrouped = any(
+            len(o.param_groups) != r.groups
+            for o, r in zip(self.optimizers, self._layouts, strict=True)
+        )
+        return Report(
+            change.finding, Action.RECAPTURE if regrouped or change.recapture else Action.EAGER
+        )
 
     def hyperparameters(self) -> list[list[dict[str, Any]]]:
         """Every param group's hyper-parameters, copied (before the probe step)."""
@@ -218,9 +230,13 @@ class GraphSafeOptimizers:
         if self.after_load(optimizer):
             if self._layouts:
                 layout = self._layouts[index]
-                self._layouts[index] = CapturedLayout(optimizer.state, len(optimizer.state), layout.groups)
+                self._layouts[index] = CapturedLayout(
+                    optimizer.state, len(optimizer.state), layout.groups
+                )
             return None
-        return _replaced(optimizer, "`load_state_dict` loaded state with another structure than the captured one")
+        return _replaced(
+            optimizer, "`load_state_dict` loaded state with another structure than the captured one"
+        )
 
     def after_load(self, optimizer: Optimizer) -> bool:
         """After `optimizer.load_state_dict`: copy the loaded state into the captured
@@ -275,7 +291,9 @@ def _copy(value: Any) -> Any:
     return list(value) if isinstance(value, list) else value
 
 
-def _hyperparameter_changes(optimizers: Sequence[Optimizer], before: list[list[dict[str, Any]]]) -> list[Finding]:
+def _hyperparameter_changes(
+    optimizers: Sequence[Optimizer], before: list[list[dict[str, Any]]]
+) -> list[Finding]:
     """Hyper-parameters the step function itself changed (a scheduler stepped inside it):
     replays would repeat the value set while recording."""
     found: list[Finding] = []

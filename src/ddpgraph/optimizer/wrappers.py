@@ -57,9 +57,9 @@ def accelerate_refusal(optimizer: Any) -> Finding | None:
     if getattr(optimizer, "scaler", None) is not None:
         return Finding(
             Code.GRAD_SCALER_IN_CAPTURE,
-            "the Accelerator was built with `mixed_precision=\"fp16\"`, whose GradScaler "
+            'the Accelerator was built with `mixed_precision="fp16"`, whose GradScaler '
             "reads its found-inf flag on the host in `optimizer.step()`",
-            "use `Accelerator(mixed_precision=\"bf16\")`, which needs no loss scaling",
+            'use `Accelerator(mixed_precision="bf16")`, which needs no loss scaling',
             subject=_SUBJECT,
         )
     steps = int(getattr(getattr(optimizer, "gradient_state", None), "num_steps", 1) or 1)

@@ -88,18 +88,28 @@ class LibraryCall:
     def source(self) -> str:
         if self.frame.lineno is None:
             return ""
-        return (self.frame.line or linecache.getline(self.frame.filename, self.frame.lineno)).strip()
+        return (
+            self.frame.line or linecache.getline(self.frame.filename, self.frame.lineno)
+        ).strip()
 
     def describe(self) -> str:
-        where = f"{library_relative(self.frame.filename)}:{self.frame.lineno}, in `{self.frame.name}`"
+        where = (
+            f"{library_relative(self.frame.filename)}:{self.frame.lineno}, in `{self.frame.name}`"
+        )
         return f"`{self.source}` ({where})" if self.source else f"{where}"
 
 
-def library_call(stack: Sequence[traceback.FrameSummary], user: traceback.FrameSummary | None) -> LibraryCall | None:
+def library_call(
+    stack: Sequence[traceback.FrameSummary], user: traceback.FrameSummary | None
+) -> LibraryCall | None:
     """The innermost library frame called (directly or not) from the user's frame `user`."""
     frames = list(stack)
     start = next((i for i, f in enumerate(frames) if f is user), -1) + 1 if user is not None else 0
-    inner = [f for f in frames[start:] if not f.filename.startswith("<") and is_installed_library(f.filename)]
+    inner = [
+        f
+        for f in frames[start:]
+        if not f.filename.startswith("<") and is_installed_library(f.filename)
+    ]
     if not inner:
         return None
     return LibraryCall(package_of(inner[-1].filename), inner[-1])

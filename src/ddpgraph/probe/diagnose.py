@@ -148,7 +148,9 @@ def capture_findings(
     warned = [w for w in warnings_seen if STREAM_WARNING in w]
     if warned and accumulators_on_default is not False:
         where = next((c.finding.location for c in candidates), None)
-        candidates.insert(0, _CauseCandidate(_stream_finding(f"PyTorch warned: {STREAM_WARNING}", where), True))
+        candidates.insert(
+            0, _CauseCandidate(_stream_finding(f"PyTorch warned: {STREAM_WARNING}", where), True)
+        )
     for event in syncs:
         finding = classify(event.stack, during_capture=True)
         if finding is not None:

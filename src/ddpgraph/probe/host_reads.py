@@ -48,7 +48,9 @@ _HOST_READ_OPS = frozenset(
     }
 )
 # Indexing with a boolean (or byte) mask computes `nonzero` of the mask.
-_MASK_INDEX_OPS = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})
+_MASK_INDEX_OPS = frozenset(
+    {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
+)
 _MASK_DTYPES = (torch.bool, torch.uint8)
 
 # Tensor methods that read data in C++ without a dispatcher call.
@@ -82,16 +84,24 @@ def tensors_in(values: Iterable[Any]) -> Iterable[torch.Tensor]:
             yield from tensors_in(value)
 
 
-def op_host_read(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+def op_host_read(
+    func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str | None:
     """What an aten operation reads on the host (a description), or None."""
     name = func._schema.name
     if name in _HOST_READ_OPS:
         return f"`{func}`"
-    if name == "aten::repeat_interleave" and kwargs.get("output_size") is None and func._overloadname != "self_int":
+    if (
+        name == "aten::repeat_interleave"
+        and kwargs.get("output_size") is None
+        and func._overloadname != "self_int"
+    ):
         return f"`{func}` without `output_size`"
     if name in _MASK_INDEX_OPS:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        if any(t.dtype in _MASK_DTYPES for t in tensors_in(indices or ())) and not _becomes_masked_fill(name, args, kwargs):
+        if any(
+            t.dtype in _MASK_DTYPES for t in tensors_in(indices or ())
+        ) and not _becomes_masked_fill(name, args, kwargs):
             return f"`{func}` with a boolean mask (it computes `nonzero` of the mask)"
     return None
 
@@ -103,7 +113,12 @@ def _becomes_masked_fill(name: str, args: tuple[Any, ...], kwargs: dict[str, Any
         return False
     self, indices, value = args[0], args[1], args[2]
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
-    if accumulate or not isinstance(value, torch.Tensor) or value.numel() != 1 or value.device.type != "cpu":
+    if (
+        accumulate
+        or not isinstance(value, torch.Tensor)
+        or value.numel() != 1
+        or value.device.type != "cpu"
+    ):
         return False
     given = [t for t in (indices or ()) if t is not None]
     return len(given) == 1 and given[0].dtype in _MASK_DTYPES and given[0].device == self.device

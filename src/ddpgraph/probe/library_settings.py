@@ -40,9 +40,9 @@ def _transformers_eager_attention(module: torch.nn.Module) -> str | None:
     if getattr(config, "_attn_implementation", None) != "eager" or not _transformers_of(module):
         return None
     return (
-        f"`{type(module).__name__}` was built with `attn_implementation=\"eager\"`; build it "
-        "with `attn_implementation=\"sdpa\"` (in its config, or `from_config(config, "
-        "attn_implementation=\"sdpa\")`), whose attention does not wait for the GPU"
+        f'`{type(module).__name__}` was built with `attn_implementation="eager"`; build it '
+        'with `attn_implementation="sdpa"` (in its config, or `from_config(config, '
+        'attn_implementation="sdpa")`), whose attention does not wait for the GPU'
     )
 
 
@@ -58,15 +58,15 @@ def _transformers_expert_routing(module: torch.nn.Module) -> str | None:
         return None
     if implementation == "eager":
         return (
-            f"`{type(module).__name__}` routes tokens with `experts_implementation=\"eager\"`, a loop over "
-            "the experts that received tokens; build the model with `experts_implementation=\"grouped_mm\"` "
+            f'`{type(module).__name__}` routes tokens with `experts_implementation="eager"`, a loop over '
+            'the experts that received tokens; build the model with `experts_implementation="grouped_mm"` '
             "(transformers' default), which routes in fixed shapes"
         )
     return (
-        f"`{type(module).__name__}` routes tokens with `experts_implementation=\"grouped_mm\"`, whose CUDA "
+        f'`{type(module).__name__}` routes tokens with `experts_implementation="grouped_mm"`, whose CUDA '
         "kernel reads the group offsets on the host unless the activations and the expert weights "
         "are both bf16: train the model in bf16 (`model.to(torch.bfloat16)`), or build it with "
-        "`experts_implementation=\"batched_mm\"` (fixed shapes, with memory for each token's "
+        '`experts_implementation="batched_mm"` (fixed shapes, with memory for each token\'s '
         "copy of its experts' weights)"
     )
 

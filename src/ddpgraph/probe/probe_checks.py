@@ -39,7 +39,11 @@ class ProbeWatch:
         self._call = call
         self._leaves, self._spec = flatten_call(*call)
         self._names = leaf_paths(*call)
-        self._tensors = [(n, t) for n, t in zip(self._names, self._leaves, strict=True) if isinstance(t, torch.Tensor)]
+        self._tensors = [
+            (n, t)
+            for n, t in zip(self._names, self._leaves, strict=True)
+            if isinstance(t, torch.Tensor)
+        ]
         self._versions = [t._version for _, t in self._tensors]
         with torch.no_grad():
             self._values = [t.detach().clone() for _, t in self._tensors]
@@ -62,18 +66,30 @@ class ProbeWatch:
 
     def findings(self) -> list[Finding]:
         found: list[Finding] = []
-        for (name, t), version, value in zip(self._tensors, self._versions, self._values, strict=True):
+        for (name, t), version, value in zip(
+            self._tensors, self._versions, self._values, strict=True
+        ):
             if t._version != version:
                 found.append(_input_finding(name, "the step writes into it in place"))
             elif not _same_values(t, value):
                 where = write_site(self._fn, parameter_name(self._fn, name), through_data=True)
-                found.append(_input_finding(name, "the step writes into it through `.data`, which PyTorch's version counter does not see", where))
+                found.append(
+                    _input_finding(
+                        name,
+                        "the step writes into it through `.data`, which PyTorch's version counter does not see",
+                        where,
+                    )
+                )
             elif t.requires_grad and t.is_leaf and t.grad is not None:
-                found.append(_input_finding(name, "it requires grad and the step gives it a gradient"))
+                found.append(
+                    _input_finding(name, "it requires grad and the step gives it a gradient")
+                )
         changed = self._container_write()
         if changed is not None:
             where = write_site(self._fn, parameter_name(self._fn, changed), through_data=False)
-            found.append(_input_finding(changed, "the step puts a new value into its list or dict", where))
+            found.append(
+                _input_finding(changed, "the step puts a new value into its list or dict", where)
+            )
         for opt in self._stepped.values():
             name = type(opt).__name__
             found.append(
@@ -87,7 +103,6 @@ class ProbeWatch:
             )
         return found
 
-
     def _container_write(self) -> str | None:
         """The first argument path whose value the step replaced, added or removed."""
         leaves, spec = flatten_call(*self._call)
@@ -98,7 +113,8 @@ class ProbeWatch:
             return None
         now_names = leaf_paths(*self._call)
         return next((n for n in now_names if n not in self._names), None) or next(
-            (n for n in self._names if n not in now_names), self._names[0] if self._names else "args"
+            (n for n in self._names if n not in now_names),
+            self._names[0] if self._names else "args",
         )
 
 

@@ -47,7 +47,9 @@ class SyncEvent:
 class ProbeResult:
     events: list[SyncEvent] = field(default_factory=list)
 
-    def findings(self, *, during_capture: bool = False, defer_library: bool = False) -> list[Finding]:
+    def findings(
+        self, *, during_capture: bool = False, defer_library: bool = False
+    ) -> list[Finding]:
         """One finding per cause and place; `during_capture` as in `classify`.
 
         `defer_library` leaves out host synchronisations made inside an installed library
@@ -104,7 +106,9 @@ def host_sync_probe(enabled: bool = True) -> Iterator[ProbeResult]:
         def record(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
             if _SYNC_WARNING in str(message):
                 if threading.get_ident() == owner:
-                    result.events.append(SyncEvent(traceback.extract_stack()[:-1], known_setting(sys._getframe(1))))
+                    result.events.append(
+                        SyncEvent(traceback.extract_stack()[:-1], known_setting(sys._getframe(1)))
+                    )
             else:
                 shown(message, category, filename, lineno, file, line)
 
@@ -149,7 +153,10 @@ def user_location(stack: Sequence[traceback.FrameSummary] | None = None) -> Loca
 
 
 def classify(
-    stack: Sequence[traceback.FrameSummary], *, during_capture: bool = False, setting: str | None = None
+    stack: Sequence[traceback.FrameSummary],
+    *,
+    during_capture: bool = False,
+    setting: str | None = None,
 ) -> Finding | None:
     """Name the cause of one host synchronisation from the Python stack that made it.
 
@@ -188,13 +195,15 @@ def classify(
 
 # What to do about a synchronisation inside a library when no setting of it is known to avoid it.
 LIBRARY_SYNC_FIX = (
-    "this needs no edit of {package}: use `ddpgraph.make_step(..., strategy=\"partial\")`, "
+    'this needs no edit of {package}: use `ddpgraph.make_step(..., strategy="partial")`, '
     "which graphs the submodules that can be and runs the rest eagerly, or "
-    "`strategy=\"auto\"` to let ddpgraph measure and choose"
+    '`strategy="auto"` to let ddpgraph measure and choose'
 )
 
 
-def host_sync_finding(stack: Sequence[traceback.FrameSummary], setting: str | None = None) -> Finding:
+def host_sync_finding(
+    stack: Sequence[traceback.FrameSummary], setting: str | None = None
+) -> Finding:
     """HOST_SYNC_IN_CAPTURE for a synchronisation made with `stack`: at the user's line;
     when the operation that waited is inside an installed library, the chain from the
     user's line to the library's, and a fix that needs no edit of the library."""
@@ -202,7 +211,11 @@ def host_sync_finding(stack: Sequence[traceback.FrameSummary], setting: str | No
     where = location_of(user)
     call = library_call(stack, user)
     if call is None:
-        what = f"`{where.source}` waits for the GPU" if where and where.source else "an operation waits for the GPU"
+        what = (
+            f"`{where.source}` waits for the GPU"
+            if where and where.source
+            else "an operation waits for the GPU"
+        )
         return Finding(Code.HOST_SYNC_IN_CAPTURE, what, setting or "", location=where)
     return Finding(
         Code.HOST_SYNC_IN_CAPTURE,
@@ -213,5 +226,9 @@ def host_sync_finding(stack: Sequence[traceback.FrameSummary], setting: str | No
 
 
 def _chain(where: Location | None, call: LibraryCall) -> str:
-    start = f"`{where.source}` ({os.path.basename(where.filename)}:{where.lineno})" if where else "the step"
+    start = (
+        f"`{where.source}` ({os.path.basename(where.filename)}:{where.lineno})"
+        if where
+        else "the step"
+    )
     return f"{start} calls into {call.package}, where {call.describe()} waits for the GPU"

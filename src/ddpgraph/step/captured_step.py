@@ -70,7 +70,12 @@ class CapturedStep(CheckedCalls[R]):
     """
 
     def __init__(
-        self, fn: Callable[..., R], *, model: nn.Module, optimizers: Optimizer | Sequence[Optimizer] | None, options: CaptureOptions
+        self,
+        fn: Callable[..., R],
+        *,
+        model: nn.Module,
+        optimizers: Optimizer | Sequence[Optimizer] | None,
+        options: CaptureOptions,
     ) -> None:
         super().__init__(fn, model, options, shared=has_peers(model))
         self._optim = GraphSafeOptimizers([], self._device)
@@ -90,7 +95,13 @@ class CapturedStep(CheckedCalls[R]):
         usage, refusal = self._refusal_here(model, optimizers, options)
         found = [f for f in (usage, refusal) if f is not None]
         decision = self._decide(
-            Outcome(current_rank(), not found, found, usage_error=usage is not None, warmup_steps=self._capture_after)
+            Outcome(
+                current_rank(),
+                not found,
+                found,
+                usage_error=usage is not None,
+                warmup_steps=self._capture_after,
+            )
         )
         if decision.usage_error:
             self._state = StepState.CLOSED
@@ -107,13 +118,20 @@ class CapturedStep(CheckedCalls[R]):
         self._install_load_hooks()
         # Last: it registers `close` to run at interpreter exit, before the process group goes.
         self._watchdog = watch_replays(
-            options.replay_timeout, options.on_replay_timeout, step_name=getattr(fn, "__qualname__", "step"),
-            group=ddp_tools.process_group_of(model), device=self._device, close=self.close,
+            options.replay_timeout,
+            options.on_replay_timeout,
+            step_name=getattr(fn, "__qualname__", "step"),
+            group=ddp_tools.process_group_of(model),
+            device=self._device,
+            close=self.close,
         )
         self._peers = self._watchdog.board.describe_others
 
     def _refusal_here(
-        self, model: nn.Module, optimizers: Optimizer | Sequence[Optimizer] | None, options: CaptureOptions
+        self,
+        model: nn.Module,
+        optimizers: Optimizer | Sequence[Optimizer] | None,
+        options: CaptureOptions,
     ) -> tuple[Finding | None, Finding | None]:
         """This rank's usage error and refusal, if any, with the optimizers and backend set.
         Everything that can be wrong on one rank only is found before the agreement,
@@ -124,12 +142,20 @@ class CapturedStep(CheckedCalls[R]):
             # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
             inner, wrapper_refusal = unwrap_optimizers(as_optimizers(optimizers))
             self._optim = GraphSafeOptimizers(inner, self._device)
-            self._capture_after = checked_warmup(isinstance(model, DDP), self._counter, options.warmup_steps, NON_DDP_WARMUP_STEPS)
-            self._backend, self._stream, refusal = choose_backend(model, self._device, options.backend, options.stream)
+            self._capture_after = checked_warmup(
+                isinstance(model, DDP), self._counter, options.warmup_steps, NON_DDP_WARMUP_STEPS
+            )
+            self._backend, self._stream, refusal = choose_backend(
+                model, self._device, options.backend, options.stream
+            )
             if refusal is None and self._backend is not None:
-                refusal = generators_refusal(self._generators, self._device, isinstance(self._backend, CudaGraphBackend))
+                refusal = generators_refusal(
+                    self._generators, self._device, isinstance(self._backend, CudaGraphBackend)
+                )
             python_replays = self._backend is None or self._backend.executes_during_capture
-            refusal = refusal or wrapper_refusal or self._optim.refusal(python_replays=python_replays)
+            refusal = (
+                refusal or wrapper_refusal or self._optim.refusal(python_replays=python_replays)
+            )
         except DdpGraphUsageError as err:
             usage = err.finding
         return usage, refusal
@@ -149,7 +175,9 @@ class CapturedStep(CheckedCalls[R]):
             # warm-up of a fresh DDP model, whatever ran before.
             self._capture_after = max(self._capture_after, default_warmup_steps(0))
         took = [adopted] if adopted else []
-        return self._decide(Outcome(current_rank(), not took, took, warmup_steps=self._capture_after))
+        return self._decide(
+            Outcome(current_rank(), not took, took, warmup_steps=self._capture_after)
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if self._watchdog is not None:
@@ -168,7 +196,9 @@ class CapturedStep(CheckedCalls[R]):
         self._capture_after = self.stats.warmup_steps + max(1, warmup_steps)
 
     # ----------------------------------------------------------------- warm-up and capture
-    def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _policy_warmup_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> R:
         if self.stats.warmup_steps == 0:
             self._agree_arguments(args, kwargs)
         due = self._gate_open and self.stats.warmup_steps + 1 >= self._capture_after
@@ -176,11 +206,15 @@ class CapturedStep(CheckedCalls[R]):
             return self._capture_call(args, kwargs, leaves, spec)
         if due and self._backend is not None:
             return self._probe(args, kwargs, leaves, spec)
-        self._watch_warmup(args, kwargs, leaves, spec, held=not self._gate_open, capture_after=self._capture_after)
+        self._watch_warmup(
+            args, kwargs, leaves, spec, held=not self._gate_open, capture_after=self._capture_after
+        )
         self.stats.warmup_steps += 1
         return self._eager(leaves, spec)
 
-    def _probe(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _probe(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> R:
         """The last warm-up step, watched: host syncs, hyper-parameters it changes, its
         writes into arguments, optimizers it steps that were not passed."""
         before = self._counter.count if self._counter else 0
@@ -190,7 +224,10 @@ class CapturedStep(CheckedCalls[R]):
         self._given = (*call, staged)  # the containers the watch sees are the step's
         watch = ProbeWatch(self._fn, call, self._optim.optimizers)
         self._values.arm(leaves, spec, leaf_paths(args, kwargs), probe=True)
-        with host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe, watch.watching():
+        with (
+            host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe,
+            watch.watching(),
+        ):
             out = self._eager(staged, spec)
         self.stats.warmup_steps += 1
         self._probed = True
@@ -198,18 +235,28 @@ class CapturedStep(CheckedCalls[R]):
         # step also synchronises reading the mirrored tensors, and moving it is the fix.
         # A synchronisation inside a library is left to the capture to judge: libraries
         # that test for a capture skip it there (see `ProbeResult.findings`).
-        accumulates = [self._grad_sync.finding] if self._grad_sync.finding else []  # this call or an earlier one
+        accumulates = (
+            [self._grad_sync.finding] if self._grad_sync.finding else []
+        )  # this call or an earlier one
         findings = (
-            accumulates + self._optim.changed_by_step(hyper) + probe.findings(defer_library=True) + watch.findings()
+            accumulates
+            + self._optim.changed_by_step(hyper)
+            + probe.findings(defer_library=True)
+            + watch.findings()
             + self._values.probe_findings()
         )
         self._library_syncs = probe.deferred()
         if self._library_syncs:
-            log.info("a library synchronised in the probe step; the capture will tell: %s", self._library_syncs[0].format())
+            log.info(
+                "a library synchronised in the probe step; the capture will tell: %s",
+                self._library_syncs[0].format(),
+            )
         if self._setup_refusal is not None:
             findings.insert(0, self._setup_refusal)
         forwards = self._counter.count if self._counter else 0
-        decision = self._decide(self._outcome(findings, forwards=forwards, forwards_per_step=forwards - before))
+        decision = self._decide(
+            self._outcome(findings, forwards=forwards, forwards_per_step=forwards - before)
+        )
         if not decision.ok:
             self._give_up(self._summarise(decision))
             return out
@@ -218,7 +265,9 @@ class CapturedStep(CheckedCalls[R]):
         self._capture_after = self.stats.warmup_steps + extra + 1
         return out
 
-    def _capture_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _capture_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> R:
         # Forwards run since the probe (an extra one with grad, or a no_grad eval just
         # before, which makes DDP skip its buffer broadcast) can make this call
         # uncapturable: checked here, on every rank, and agreed on.
@@ -240,7 +289,9 @@ class CapturedStep(CheckedCalls[R]):
         )
 
     def _policy_undo(self) -> tuple[Callable[[], None], Callable[[], None]]:
-        return failed_capture_undo([self._model], self._optim.optimizers, self._restorables, self._generators)
+        return failed_capture_undo(
+            [self._model], self._optim.optimizers, self._restorables, self._generators
+        )
 
     def _policy_captured(self) -> None:
         self._optim.captured()
@@ -268,7 +319,11 @@ class CapturedStep(CheckedCalls[R]):
             # capture-safe path, which is what lets its step be captured at all.
             stack.enter_context(eager_code_paths())
         active = phase == "eager" or (phase == "record") == stand_in
-        stack.enter_context(self._optim.installed(read_back=self._state is not StepState.CAPTURED and phase == "eager", active=active))
+        stack.enter_context(
+            self._optim.installed(
+                read_back=self._state is not StepState.CAPTURED and phase == "eager", active=active
+            )
+        )
         return stack
 
     def _policy_first_replay(self, captured: Captured, leaves: list[Any], spec: Any) -> R:
@@ -280,7 +335,9 @@ class CapturedStep(CheckedCalls[R]):
             return self._replay(captured, leaves)
         makers = [r.snapshot for r in self._restorables]
         branch = self._library_syncs[0] if self._library_syncs else None
-        check = ParityRun(parity, self._model, self._optim.optimizers, self._generators, makers, branch)
+        check = ParityRun(
+            parity, self._model, self._optim.optimizers, self._generators, makers, branch
+        )
         out = check.run(lambda: self._eager(leaves, spec), lambda: self._replay(captured, leaves))
         decision = self._decide(self._outcome([check.finding] if check.finding else []))
         if decision.ok:
@@ -293,11 +350,19 @@ class CapturedStep(CheckedCalls[R]):
         return self._eager(leaves, spec)
 
     # ----------------------------------------------------------------- captured
-    def _policy_check(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> Report | None:
+    def _policy_check(
+        self,
+        captured: Captured,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
+    ) -> Report | None:
         assert self._layout is not None
         unsynced = self._grad_sync.entered_unsynced(self.stats.calls)
         report = (
-            Report(unsynced, Action.EAGER) if unsynced
+            Report(unsynced, Action.EAGER)
+            if unsynced
             else self._values.take_report() or self._layout.check() or self._optim.check()
         )
         if report is None and self._options.on_input_change == "raise":
@@ -306,25 +371,40 @@ class CapturedStep(CheckedCalls[R]):
                 report = Report(changed, Action.RAISE)
         return report
 
-    def _policy_unserved(self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> bool:
+    def _policy_unserved(
+        self,
+        captured: Captured,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
+    ) -> bool:
         changed = unservable(captured, self._model, args, kwargs, leaves, spec)
         if changed is not None:
             self._unserved.seen(changed)
             if not self._family.expects_unserved():  # a family warms up new signatures
-                    self._unserved.admit(changed, "This step runs eagerly, and so will later calls that the graph cannot serve")
+                self._unserved.admit(
+                    changed,
+                    "This step runs eagerly, and so will later calls that the graph cannot serve",
+                )
             self.stats.input_changes += 1
             return True
         # The first step after an eval forward: eager DDP skips its buffer broadcast
         # there, the graph would not. Expected, so counted but not warned about. Or a
         # check call (`value_checks`).
-        return ddp_tools.will_sync_buffers(self._model) is not captured.buffer_sync or self._check_instead(leaves, spec)
+        return ddp_tools.will_sync_buffers(
+            self._model
+        ) is not captured.buffer_sync or self._check_instead(leaves, spec)
 
     def _policy_after_replay(self, captured: Captured) -> None:
         # A replay runs no Python. DDP's forward leaves this flag set, and it decides
         # whether the next forward broadcasts buffers; an eval forward in between clears
         # it, which would make that eval skip the broadcast eager training does. (Read
         # first: a plain attribute read, where nn.Module's __setattr__ is slow.)
-        if isinstance(self._model, DDP) and self._model.require_forward_param_sync is not captured.forward_sync:
+        if (
+            isinstance(self._model, DDP)
+            and self._model.require_forward_param_sync is not captured.forward_sync
+        ):
             self._model.require_forward_param_sync = captured.forward_sync
         if self._watchdog is not None:
             self._watchdog.after_replay()
@@ -350,7 +430,9 @@ class CapturedStep(CheckedCalls[R]):
     def _install_load_hooks(self) -> None:
         for opt in self._optim.optimizers:
             if hasattr(opt, "register_load_state_dict_post_hook"):
-                self._hooks.append(opt.register_load_state_dict_post_hook(self._after_optimizer_load))
+                self._hooks.append(
+                    opt.register_load_state_dict_post_hook(self._after_optimizer_load)
+                )
         inner = ddp_tools.inner_module(self._model)
         self._hooks.append(inner.register_load_state_dict_post_hook(self._after_model_load))
 

@@ -38,7 +38,12 @@ R = TypeVar("R")
 
 
 def unservable(
-    captured: Captured, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    captured: Captured,
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    leaves: list[Any],
+    spec: Any,
 ) -> Finding | None:
     """Why `captured` cannot replay this call, or None."""
     if not captured.graph.serves(leaves, spec):
@@ -58,7 +63,9 @@ def unservable(
 class CheckedCalls(FamilySteps[R]):
     _values: ValueChecks
 
-    def __init__(self, fn: Callable[..., R], model: nn.Module, options: CaptureOptions, *, shared: bool) -> None:
+    def __init__(
+        self, fn: Callable[..., R], model: nn.Module, options: CaptureOptions, *, shared: bool
+    ) -> None:
         super().__init__(fn, model, options, shared=shared)
         self._grad_sync = GradSyncWatch(model)
 
@@ -88,18 +95,33 @@ class CheckedCalls(FamilySteps[R]):
     # ----------------------------------------------------------------- frozen Python values
     def _watch_values(self, fn: Callable[..., R]) -> None:
         """Watch `fn` (the step) on the calls `value_checks` chooses."""
-        self._values = ValueChecks(self._model, self._options.verify_every, self._options.on_failure)
+        self._values = ValueChecks(
+            self._model, self._options.verify_every, self._options.on_failure
+        )
         self._fn = self._values.wrap(fn)
 
-    def _watch_warmup(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any, *, held: bool, capture_after: int) -> None:
+    def _watch_warmup(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
+        *,
+        held: bool,
+        capture_after: int,
+    ) -> None:
         """Before an eager warm-up call: watched when it is one of the last before the
         probe, or while the step is held (the probe may follow the last one at once)."""
-        if self._backend is not None and (held or ValueChecks.watched_warmup(self.stats.warmup_steps, capture_after)):
+        if self._backend is not None and (
+            held or ValueChecks.watched_warmup(self.stats.warmup_steps, capture_after)
+        ):
             self._values.arm(leaves, spec, leaf_paths(args, kwargs))
 
     def _check_instead(self, leaves: list[Any], spec: Any) -> bool:
         """Whether this call is a check call: a watched eager step in place of the replay."""
-        if self._values.due(self.stats.calls) and self._values.arm_check(leaves, spec, self.stats.calls):
+        if self._values.due(self.stats.calls) and self._values.arm_check(
+            leaves, spec, self.stats.calls
+        ):
             self.stats.value_checks += 1
             return True
         return False
@@ -111,4 +133,6 @@ class CheckedCalls(FamilySteps[R]):
         self._values.captured(self.stats.calls)
 
     def _policy_recapture(self) -> None:
-        self._values.recaptured(frozen=any(f.code is Code.FROZEN_PYTHON_VALUE for f in self._findings))
+        self._values.recaptured(
+            frozen=any(f.code is Code.FROZEN_PYTHON_VALUE for f in self._findings)
+        )

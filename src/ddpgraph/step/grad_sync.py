@@ -72,7 +72,9 @@ class GradSyncWatch:
             return self.finding
         synced, unsynced = counter.count - self._marks[0], counter.unsynced - self._marks[1]
         if unsynced and not synced:
-            self.finding = accumulation_finding(call, "ran DDP's forward and backward under `no_sync()`")
+            self.finding = accumulation_finding(
+                call, "ran DDP's forward and backward under `no_sync()`"
+            )
         return self.finding
 
     def entered_unsynced(self, call: int) -> Finding | None:
@@ -80,7 +82,9 @@ class GradSyncWatch:
         forward hook, so the flag is read as the call starts)."""
         if syncs_gradients(self._model):
             return None
-        return accumulation_finding(call, "is made under `no_sync()` while the graph synchronises gradients")
+        return accumulation_finding(
+            call, "is made under `no_sync()` while the graph synchronises gradients"
+        )
 
     def reset(self) -> None:
         self.finding = None

@@ -28,7 +28,9 @@ from ..findings import Code, Finding
 
 _requires_grad = attrgetter("requires_grad")
 # The C method itself: `torch.Tensor.data_ptr` adds a Python-level lookup per call.
-_data_ptr = torch._C.TensorBase.data_ptr if hasattr(torch._C, "TensorBase") else torch.Tensor.data_ptr
+_data_ptr = (
+    torch._C.TensorBase.data_ptr if hasattr(torch._C, "TensorBase") else torch.Tensor.data_ptr
+)
 # CUDA builds compare a whole list of pointers in one C++ call (what inductor's graph
 # trees check their static inputs with); elsewhere, one map over the parameters.
 _ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
@@ -61,7 +63,9 @@ class ParamLayout:
     def replaced(self, model: nn.Module) -> Report | None:
         """After `model.load_state_dict`: whether it put new parameter objects in place."""
         now = list(model.parameters())
-        if len(now) == len(self._params) and all(a is b for a, b in zip(now, self._params, strict=True)):
+        if len(now) == len(self._params) and all(
+            a is b for a, b in zip(now, self._params, strict=True)
+        ):
             return None
         return Report(
             Finding(

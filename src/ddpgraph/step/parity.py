@@ -53,7 +53,11 @@ class ParityCheck:
     rtol: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.rtol, bool) or not isinstance(self.rtol, (int, float)) or not self.rtol >= 0:
+        if (
+            isinstance(self.rtol, bool)
+            or not isinstance(self.rtol, (int, float))
+            or not self.rtol >= 0
+        ):
             raise usage_error(
                 "`ParityCheck(rtol=...)`",
                 f"expected a number >= 0, got {self.rtol!r}",
@@ -80,16 +84,29 @@ def as_parity_check(value: ParityCheck | bool | None) -> ParityCheck | None:
 class _Saved:
     """Value copies of everything a training step changes, put back in place."""
 
-    def __init__(self, model: nn.Module, optimizers: Sequence[Optimizer], generators: Sequence[torch.Generator]) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizers: Sequence[Optimizer],
+        generators: Sequence[torch.Generator],
+    ) -> None:
         self.params = [(p, p.detach().clone(), p.grad, _clone(p.grad)) for p in model.parameters()]
         self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
         self.state = [
-            (opt, {p: dict(s) for p, s in opt.state.items()}, [(t, t.clone()) for t in _state_tensors(opt)])
+            (
+                opt,
+                {p: dict(s) for p, s in opt.state.items()},
+                [(t, t.clone()) for t in _state_tensors(opt)],
+            )
             for opt in optimizers
         ]
         self.generators = [(g, g.get_state()) for g in generators]
         self.cpu_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        self.cuda_rng = (
+            torch.cuda.get_rng_state_all()
+            if torch.cuda.is_available() and torch.cuda.is_initialized()
+            else None
+        )
 
     def restore(self) -> None:
         with torch.no_grad():
@@ -112,7 +129,9 @@ class _Saved:
             torch.cuda.set_rng_state_all(self.cuda_rng)
 
     def nbytes(self) -> int:
-        copies = [v for _, v, _, _ in self.params] + [g for _, _, _, g in self.params if g is not None]
+        copies = [v for _, v, _, _ in self.params] + [
+            g for _, _, _, g in self.params if g is not None
+        ]
         copies += [v for _, v in self.buffers] + [v for _, _, vs in self.state for _, v in vs]
         return sum(t.numel() * t.element_size() for t in copies)
 
@@ -175,7 +194,9 @@ class ParityRun:
         eager_params = [p.detach().clone() for p in self.model.parameters()]
         self.undo()
         out = replay()
-        self.parameter_difference = _largest(eager_params, [p.detach() for p in self.model.parameters()])
+        self.parameter_difference = _largest(
+            eager_params, [p.detach() for p in self.model.parameters()]
+        )
         self.output_difference = _largest(eager_out, _tensors(out))
         self.finding = self._judge()
         return out
@@ -215,7 +236,11 @@ class ParityRun:
                 "or keep eager steps where bit-for-bit equality with eager training matters"
             )
         return Finding(
-            Code.PARITY_MISMATCH, happened, fix, subject="`capture_step(parity=...)`", ranks=(current_rank(),)
+            Code.PARITY_MISMATCH,
+            happened,
+            fix,
+            subject="`capture_step(parity=...)`",
+            ranks=(current_rank(),),
         )
 
 

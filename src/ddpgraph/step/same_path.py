@@ -31,7 +31,9 @@ from ..findings import Finding
 log = logging.getLogger("ddpgraph")
 
 # (module, function) pairs a library consults to ask "is a CUDA stream capturing?".
-CAPTURE_CHECKS: tuple[tuple[str, str], ...] = (("transformers.utils.import_utils", "is_cuda_stream_capturing"),)
+CAPTURE_CHECKS: tuple[tuple[str, str], ...] = (
+    ("transformers.utils.import_utils", "is_cuda_stream_capturing"),
+)
 
 
 def _not_capturing() -> bool:

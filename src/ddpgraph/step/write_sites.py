@@ -22,7 +22,20 @@ from ..findings import Location
 
 # Methods that change a list or dict in place.
 _MUTATORS = frozenset(
-    {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "popitem", "sort", "reverse", "__setitem__"}
+    {
+        "append",
+        "extend",
+        "insert",
+        "pop",
+        "remove",
+        "clear",
+        "update",
+        "setdefault",
+        "popitem",
+        "sort",
+        "reverse",
+        "__setitem__",
+    }
 )
 _TOP = re.compile(r"^(args|kwargs)\[(\d+|'[^']*')\]")
 
@@ -56,7 +69,11 @@ def write_site(fn: Callable[..., Any], name: str | None, *, through_data: bool) 
     code = getattr(inspect.unwrap(fn), "__code__", None)
     if code is None:
         return None
-    start = Location(code.co_filename, code.co_firstlineno, linecache.getline(code.co_filename, code.co_firstlineno).strip())
+    start = Location(
+        code.co_filename,
+        code.co_firstlineno,
+        linecache.getline(code.co_filename, code.co_firstlineno).strip(),
+    )
     if name is None:
         return start
     try:
@@ -66,7 +83,9 @@ def write_site(fn: Callable[..., Any], name: str | None, *, through_data: bool) 
         return start
     for node in _writes(tree, name, through_data):
         lineno = first + node.lineno - 1
-        return Location(code.co_filename, lineno, linecache.getline(code.co_filename, lineno).strip())
+        return Location(
+            code.co_filename, lineno, linecache.getline(code.co_filename, lineno).strip()
+        )
     return start
 
 
@@ -79,15 +98,22 @@ def _writes(tree: ast.AST, name: str, through_data: bool) -> Iterator[ast.stmt |
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             method, owner = node.func.attr, node.func.value
             if _rooted_at(owner, name) and (
-                (through_data and method.endswith("_") and _through_data(owner)) or (not through_data and method in _MUTATORS)
+                (through_data and method.endswith("_") and _through_data(owner))
+                or (not through_data and method in _MUTATORS)
             ):
                 yield node
 
 
 def _written_target(target: ast.expr, name: str, through_data: bool) -> bool:
     if through_data:
-        return isinstance(target, (ast.Subscript, ast.Attribute)) and _rooted_at(target, name) and _through_data(target)
-    return isinstance(target, ast.Subscript) and _rooted_at(target, name) and not _through_data(target)
+        return (
+            isinstance(target, (ast.Subscript, ast.Attribute))
+            and _rooted_at(target, name)
+            and _through_data(target)
+        )
+    return (
+        isinstance(target, ast.Subscript) and _rooted_at(target, name) and not _through_data(target)
+    )
 
 
 def _chain(node: ast.expr) -> Iterator[ast.expr]:

@@ -144,7 +144,11 @@ class AutoStep(StepBase[R]):
         elapsed = 0.0
         for candidate in self._candidates:
             if candidate.unavailable is not None:
-                results.append(TrialResult(candidate.name, TrialStatus.NOT_APPLICABLE, finding=candidate.unavailable))
+                results.append(
+                    TrialResult(
+                        candidate.name, TrialStatus.NOT_APPLICABLE, finding=candidate.unavailable
+                    )
+                )
                 continue
             if candidate.name != "eager" and elapsed >= self._budget_s:
                 results.append(
@@ -170,10 +174,16 @@ class AutoStep(StepBase[R]):
                 before.restore()
                 raise DdpGraphError(
                     result.finding
-                    or Finding(Code.CAPTURE_FAILED, result.detail or "the eager step failed", subject="`make_step(strategy='auto')`")
+                    or Finding(
+                        Code.CAPTURE_FAILED,
+                        result.detail or "the eager step failed",
+                        subject="`make_step(strategy='auto')`",
+                    )
                 )
         before.restore()
-        report = choose(results, min_speedup=self._min_speedup, budget_s=self._budget_s, seconds=elapsed)
+        report = choose(
+            results, min_speedup=self._min_speedup, budget_s=self._budget_s, seconds=elapsed
+        )
         self._report = report
         log.info("%s", report.format())
         chosen = next(c for c in self._candidates if c.name == report.winner)
@@ -192,7 +202,11 @@ class AutoStep(StepBase[R]):
                 detail="" if findings else f"failed on rank(s) {decision.failed_ranks}",
             )
         tolerance = self._settings.tolerance if candidate.exact else self._settings.fused_tolerance
-        diffs = [_worst(o.loss_diff for o in outcomes), _worst(o.grad_diff for o in outcomes), _worst(o.update_diff for o in outcomes)]
+        diffs = [
+            _worst(o.loss_diff for o in outcomes),
+            _worst(o.grad_diff for o in outcomes),
+            _worst(o.update_diff for o in outcomes),
+        ]
         worst = max((d for d in diffs if d is not None), default=0.0)
         status = TrialStatus.CORRECT if worst <= tolerance else TrialStatus.MISMATCH
         return TrialResult(

@@ -70,7 +70,9 @@ def run_eager(
     return run_eager_call(fn, leaves, spec, device, stream)
 
 
-def like_static_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def like_static_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Copies of the tensor arguments laid out as `capture_step`'s static inputs will be
     (a sliced batch becomes contiguous). TorchDynamo guards on strides: warm-up calls
     that see the user's layout would make the capture call recompile.

@@ -46,4 +46,3 @@ def capture_compiled(
             "`make_step(..., strategy='compile', compile_mode=...)`",
         )
     return CompiledStep(fn, model=model, optimizers=optimizers, spec=SPEC, options=options)
-

@@ -149,7 +149,9 @@ class CompiledStep(StepBase[R]):
         self._settle_calls = 0
         self._warm_calls = self._probe_call = 0
         self._core: CapturedStep[R] = self._new_core()
-        self._settling = self._core.state is StepState.WARMUP  # a refused step has nothing to settle
+        self._settling = (
+            self._core.state is StepState.WARMUP
+        )  # a refused step has nothing to settle
 
     @property
     def state(self) -> StepState:
@@ -167,7 +169,9 @@ class CompiledStep(StepBase[R]):
     @property
     def stats(self) -> StepStats:
         now = self._core.stats
-        merged = StepStats(**{f.name: getattr(self._past, f.name) + getattr(now, f.name) for f in _COUNTS})
+        merged = StepStats(
+            **{f.name: getattr(self._past, f.name) + getattr(now, f.name) for f in _COUNTS}
+        )
         merged.capture_seconds = now.capture_seconds or self._past.capture_seconds
         merged.replays_per_graph, merged.pool_bytes = dict(now.replays_per_graph), now.pool_bytes
         return merged
@@ -236,7 +240,9 @@ class CompiledStep(StepBase[R]):
     def _new_core(self) -> CapturedStep[R]:
         """A captured step held in warm-up (it neither probes nor captures) until the
         settling is over and `release` says how much warm-up is still owed."""
-        core = CapturedStep(self._watched, model=self._target, optimizers=self._optimizers, options=self._options)
+        core = CapturedStep(
+            self._watched, model=self._target, optimizers=self._optimizers, options=self._options
+        )
         core.hold()
         return core
 

@@ -95,7 +95,12 @@ def makes_graphs(model: nn.Module) -> bool | None:
         config = getattr(obj, "config", None)
         if isinstance(config, dict) and "triton.cudagraphs" in config:
             return bool(config["triton.cudagraphs"])
-        for name in ("callback", "_torchdynamo_orig_callable", "_torchdynamo_orig_backend", "compiler_fn"):
+        for name in (
+            "callback",
+            "_torchdynamo_orig_callable",
+            "_torchdynamo_orig_backend",
+            "compiler_fn",
+        ):
             pending.append((getattr(obj, name, None), depth + 1))
     return None
 

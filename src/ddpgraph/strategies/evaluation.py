@@ -96,7 +96,9 @@ class CapturedEval(CaptureEngine[R]):
     subject = "`capture_eval` evaluation"
     continues = "Evaluation continues eagerly."
 
-    def __init__(self, fn: Callable[..., R], *, model: nn.Module, training_step: Any, options: CaptureOptions) -> None:
+    def __init__(
+        self, fn: Callable[..., R], *, model: nn.Module, training_step: Any, options: CaptureOptions
+    ) -> None:
         pool = options.pool if options.pool is not None else getattr(training_step, "pool", None)
         super().__init__(fn, model, replace(options, pool=pool), shared=has_peers(model))
         self._training_step = training_step
@@ -108,8 +110,17 @@ class CapturedEval(CaptureEngine[R]):
             self._stream = options.step_stream(model) or capture_stream(self._device)
             self._backend = options.backend or CudaGraphBackend()
         elif options.backend is None:
-            why = "CUDA is not available" if not torch.cuda.is_available() else f"the model is on {self._device}"
-            self._give_up(Finding(Code.NO_CUDA, f"{why}; the evaluation runs eagerly", subject="`capture_eval`"), warn=False)
+            why = (
+                "CUDA is not available"
+                if not torch.cuda.is_available()
+                else f"the model is on {self._device}"
+            )
+            self._give_up(
+                Finding(
+                    Code.NO_CUDA, f"{why}; the evaluation runs eagerly", subject="`capture_eval`"
+                ),
+                warn=False,
+            )
         else:
             self._stream = options.stream
 
@@ -142,7 +153,9 @@ class CapturedEval(CaptureEngine[R]):
         stats = getattr(self._training_step, "stats", None)
         return stats is not None and self.pool_shared and stats.captures != self._training_captures
 
-    def _policy_warmup_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any) -> R:
+    def _policy_warmup_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+    ) -> R:
         if self.stats.warmup_steps == 0:
             check_supported(args, kwargs)
         if self._probed and not self._training_warming_up():
@@ -159,10 +172,17 @@ class CapturedEval(CaptureEngine[R]):
         self.stats.warmup_steps += 1
         compiled = compile_count() != before
         findings = probe.findings(defer_library=True)  # a library's are left to the capture
-        decision = self._decide(EvalOutcome(current_rank(), not findings, findings, action=Action.EAGER, compiled=compiled))
+        decision = self._decide(
+            EvalOutcome(
+                current_rank(), not findings, findings, action=Action.EAGER, compiled=compiled
+            )
+        )
         if not decision.ok:
             self._give_up(self._summarise(decision))
-        elif any(getattr(o, "compiled", False) for o in decision.outcomes) and self._extra_warmup < MAX_EXTRA_WARMUP:
+        elif (
+            any(getattr(o, "compiled", False) for o in decision.outcomes)
+            and self._extra_warmup < MAX_EXTRA_WARMUP
+        ):
             self._extra_warmup += 1  # compiling is not over: one more eager call, then probe again
         else:
             self._probed = True
@@ -176,17 +196,32 @@ class CapturedEval(CaptureEngine[R]):
         return _compiled_during_capture() if compile_count() != self._compiles_before else None
 
     def _policy_captured(self) -> None:
-        self._training_captures = getattr(getattr(self._training_step, "stats", None), "captures", 0)
+        self._training_captures = getattr(
+            getattr(self._training_step, "stats", None), "captures", 0
+        )
 
     def _policy_check(
-        self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+        self,
+        captured: Captured,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
     ) -> Report | None:
         if self._options.on_input_change == "raise" and not captured.graph.serves(leaves, spec):
-            return Report(captured.graph.changed_input(args, kwargs, "`CapturedEval` call", current_rank()), Action.RAISE)
+            return Report(
+                captured.graph.changed_input(args, kwargs, "`CapturedEval` call", current_rank()),
+                Action.RAISE,
+            )
         return None
 
     def _policy_unserved(
-        self, captured: Captured, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any
+        self,
+        captured: Captured,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
     ) -> bool:
         if captured.graph.serves(leaves, spec):
             return False
@@ -238,9 +273,17 @@ def capture_eval(
             whatever `options.clone_outputs` says).
     """
     if not callable(fn):
-        raise usage_error("`capture_eval(fn)`", f"expected a callable, got {type(fn).__name__}", "pass the evaluation function")
+        raise usage_error(
+            "`capture_eval(fn)`",
+            f"expected a callable, got {type(fn).__name__}",
+            "pass the evaluation function",
+        )
     if not isinstance(model, nn.Module):
-        raise usage_error("`capture_eval(model=...)`", f"expected a torch.nn.Module, got {type(model).__name__}", "pass the model `fn` evaluates")
+        raise usage_error(
+            "`capture_eval(model=...)`",
+            f"expected a torch.nn.Module, got {type(model).__name__}",
+            "pass the model `fn` evaluates",
+        )
     given = dict(settings)
     clone_outputs = given.pop("clone_outputs", None)
     if options is not None and clone_outputs is not None:
@@ -248,10 +291,19 @@ def capture_eval(
     merged = merge_settings("capture_eval", options, given, EVAL_SETTING_NAMES)
     warmup_steps = merged.warmup_steps if merged.warmup_steps is not None else 2
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
-        raise usage_error("`capture_eval(warmup_steps=...)`", f"expected an int >= 1, got {warmup_steps!r}", "leave it out for the default (2)")
+        raise usage_error(
+            "`capture_eval(warmup_steps=...)`",
+            f"expected an int >= 1, got {warmup_steps!r}",
+            "leave it out for the default (2)",
+        )
     merged = replace(merged, warmup_steps=warmup_steps, clone_outputs=False)
     merged.check("capture_eval")
     shared = merged.pool is not None or getattr(training_step, "pool", None) is not None
     if clone_outputs is None:
         clone_outputs = shared or (options is not None and options.clone_outputs)
-    return CapturedEval(fn, model=model, training_step=training_step, options=replace(merged, clone_outputs=bool(clone_outputs)))
+    return CapturedEval(
+        fn,
+        model=model,
+        training_step=training_step,
+        options=replace(merged, clone_outputs=bool(clone_outputs)),
+    )

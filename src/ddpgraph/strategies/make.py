@@ -45,12 +45,27 @@ class StrategyInfo:
 
 
 STRATEGIES: tuple[StrategyInfo, ...] = (
-    StrategyInfo("whole", "the whole step (forward, backward with DDP's all-reduce, optimizer step) as one CUDA graph: `capture_step`", True, False),
-    StrategyInfo("compile", "the model compiled by inductor for fusion only, the whole step around it as one CUDA graph", True, True),
+    StrategyInfo(
+        "whole",
+        "the whole step (forward, backward with DDP's all-reduce, optimizer step) as one CUDA graph: `capture_step`",
+        True,
+        False,
+    ),
+    StrategyInfo(
+        "compile",
+        "the model compiled by inductor for fusion only, the whole step around it as one CUDA graph",
+        True,
+        True,
+    ),
     StrategyInfo("partial", PARTIAL_SUMMARY, True, False),
     StrategyInfo("reduce-overhead", REDUCE_OVERHEAD_SUMMARY, True, True),
     StrategyInfo("eager", EAGER_SUMMARY, False, False),
-    StrategyInfo("auto", "tries the strategies that apply and keeps the fastest that trains like eager", False, False),
+    StrategyInfo(
+        "auto",
+        "tries the strategies that apply and keeps the fastest that trains like eager",
+        False,
+        False,
+    ),
 )
 
 
@@ -103,9 +118,13 @@ def make_step(
     try:
         optimizers = as_optimizers(optimizer)
     except DdpGraphUsageError as err:
-        raise usage_error("`make_step(optimizer=...)`", err.finding.happened, err.finding.hint) from None
+        raise usage_error(
+            "`make_step(optimizer=...)`", err.finding.happened, err.finding.hint
+        ) from None
     merged = merge_settings("make_step", options, settings)
-    builders = _Builders(fn, model, optimizers, merged, compile_mode, compile_backend, graph_modules)
+    builders = _Builders(
+        fn, model, optimizers, merged, compile_mode, compile_backend, graph_modules
+    )
     if strategy == "auto":
         return builders.auto(candidates, budget_s, min_speedup, trial_settings, stateful)
     return builders.build(strategy)
@@ -113,7 +132,11 @@ def make_step(
 
 def _check_call(fn: object, model: object, strategy: object) -> None:
     if not callable(fn):
-        raise usage_error("`make_step(fn)`", f"expected a callable, got {type(fn).__name__}", "pass the training-step function")
+        raise usage_error(
+            "`make_step(fn)`",
+            f"expected a callable, got {type(fn).__name__}",
+            "pass the training-step function",
+        )
     if not isinstance(model, nn.Module):
         raise usage_error(
             "`make_step(model=...)`",
@@ -147,7 +170,9 @@ class _Builders:
         self.compiled_given = is_compiled_module(model)
         self.optimizers = optimizers
         self.options = options
-        self.spec: CompileSpec = fusion_spec(compile_mode, compile_backend, "`make_step(compile_mode=...)`")
+        self.spec: CompileSpec = fusion_spec(
+            compile_mode, compile_backend, "`make_step(compile_mode=...)`"
+        )
         self.graph_modules = graph_modules
         self.device = ddp_tools.model_device(self.target)
 
@@ -155,9 +180,17 @@ class _Builders:
         if name == "eager":
             return EagerStep(self.fn, model=self.target, options=self.options)
         if name == "compile" or (name == "whole" and self.compiled_given):
-            return CompiledStep(self.fn, model=self.model, optimizers=self.optimizers, spec=self.spec, options=self.options)
+            return CompiledStep(
+                self.fn,
+                model=self.model,
+                optimizers=self.optimizers,
+                spec=self.spec,
+                options=self.options,
+            )
         if name == "whole":
-            return capture_step(self.fn, model=self.target, optimizer=self.optimizers, options=self.options)
+            return capture_step(
+                self.fn, model=self.target, optimizer=self.optimizers, options=self.options
+            )
         if self.compiled_given:
             raise usage_error(
                 f"`make_step(strategy={name!r})`",
@@ -194,7 +227,11 @@ class _Builders:
                 f"choose from {', '.join(repr(n) for n in STRATEGY_NAMES if n != 'auto')}",
             )
         if not isinstance(budget_s, (int, float)) or budget_s < 0:
-            raise usage_error("`make_step(budget_s=...)`", f"expected seconds >= 0, got {budget_s!r}", "e.g. budget_s=60")
+            raise usage_error(
+                "`make_step(budget_s=...)`",
+                f"expected seconds >= 0, got {budget_s!r}",
+                "e.g. budget_s=60",
+            )
         unavailable = self._unavailable()
         return AutoStep(
             self.fn,
@@ -226,12 +263,20 @@ class _Builders:
         if not cuda:
             out["reduce-overhead"] = no_cuda
         if self.compiled_given:
-            given = Finding(Code.INVALID_ARGUMENT, "the model was compiled by the caller; 'compile' captures it whole")
+            given = Finding(
+                Code.INVALID_ARGUMENT,
+                "the model was compiled by the caller; 'compile' captures it whole",
+            )
             out.setdefault("whole", given)
             out.setdefault("partial", given)
             out.setdefault("reduce-overhead", given)
         elif cuda and self.spec.backend == "inductor" and not _has_triton():
-            out.setdefault("compile", Finding(Code.INVALID_ARGUMENT, "inductor needs Triton for CUDA, which is not installed"))
+            out.setdefault(
+                "compile",
+                Finding(
+                    Code.INVALID_ARGUMENT, "inductor needs Triton for CUDA, which is not installed"
+                ),
+            )
         if "whole" not in out or "compile" not in out:
             try:
                 for opt in self.optimizers:

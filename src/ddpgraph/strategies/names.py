@@ -39,6 +39,7 @@ RUNS: dict[str, str] = {
     "recipe": "PyTorch's hand-written capture",
 }
 
+
 def hint_for_unknown(name: object) -> str:
     """The fix to suggest when `make_step` is given `name`, which is not one of its own."""
     if isinstance(name, str) and name in BENCH_ONLY_NAMES:

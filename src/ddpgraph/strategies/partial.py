@@ -179,10 +179,15 @@ def _attempt(
     assert record is not None
     subject = f"submodule {label(name)}"
     if record.syncs:
-        found = classify(record.syncs[0].stack) or Finding(Code.HOST_SYNC_IN_CAPTURE, "an operation waits for the GPU")
+        found = classify(record.syncs[0].stack) or Finding(
+            Code.HOST_SYNC_IN_CAPTURE, "an operation waits for the GPU"
+        )
         finding = Finding(found.code, found.happened, found.fix, subject, found.location)
         return None, Skipped(name, finding.happened, finding)
-    args = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in stage_leaves(list(record.args), s.device))
+    args = tuple(
+        a.detach().clone().requires_grad_(a.requires_grad)
+        for a in stage_leaves(list(record.args), s.device)
+    )
     original = module.forward
     forward: GraphedForward | None = None
     failure: Finding | None = None
@@ -206,16 +211,27 @@ def _attempt(
             )
         else:
             leaves, spec = flatten_call(args, {})
-            storage = [(p, g.data_ptr()) for p, g in zip(got.params, got.param_grads, strict=True) if g is not None]
+            storage = [
+                (p, g.data_ptr())
+                for p, g in zip(got.params, got.param_grads, strict=True)
+                if g is not None
+            ]
             forward = GraphedForward(
-                name, module, original, Signature(leaves, spec, leaf_paths(args, {})), record.autocast, storage
+                name,
+                module,
+                original,
+                Signature(leaves, spec, leaf_paths(args, {})),
+                record.autocast,
+                storage,
             )
     except Exception as exc:  # a failed capture, or an operation a graph cannot hold
         settle(s.device)
         saved.restore()
         found = finding_from_error(exc)
         failure = Finding(found.code, found.happened, found.fix, subject, found.location)
-    decision = agree(Outcome(current_rank(), failure is None, [failure] if failure else []), s.group, s.device)
+    decision = agree(
+        Outcome(current_rank(), failure is None, [failure] if failure else []), s.group, s.device
+    )
     if decision.ok and forward is not None:
         forward.install()
         return forward, None
@@ -282,16 +298,24 @@ def graph_submodules(
     root = _checked_root(model, sample_args, names)
     records = record_forward(root, sample_args, sample_kwargs or {}, amp_dtype)
     group = process_group_of(model)
-    graph_recorded(root, records, names=names, tolerance=tolerance, grapher=stand_in_grapher(), group=group)
+    graph_recorded(
+        root, records, names=names, tolerance=tolerance, grapher=stand_in_grapher(), group=group
+    )
     return model
 
 
-def _checked_root(model: nn.Module, sample_args: tuple[Any, ...], names: Sequence[str] | None) -> nn.Module:
+def _checked_root(
+    model: nn.Module, sample_args: tuple[Any, ...], names: Sequence[str] | None
+) -> nn.Module:
     """The module `graph_submodules` graphs (a DDP model's `.module`); a usage error for
     arguments it cannot graph."""
     root = inner_module(model)
     if not isinstance(root, nn.Module):
-        raise usage_error("`graph_submodules(model)`", f"expected a torch.nn.Module, got {type(model).__name__}", "pass the model to train")
+        raise usage_error(
+            "`graph_submodules(model)`",
+            f"expected a torch.nn.Module, got {type(model).__name__}",
+            "pass the model to train",
+        )
     if not isinstance(sample_args, tuple):
         raise usage_error(
             "`graph_submodules(sample_args=...)`",

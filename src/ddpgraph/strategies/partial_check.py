@@ -18,6 +18,7 @@ from .partial_record import AutocastState
 
 __all__ = ["forward_backward", "relative_difference", "settle"]
 
+
 def settle(device: torch.device) -> None:
     if can_run_graphs(device):
         settle_after_failed_capture(device)
@@ -35,7 +36,9 @@ class _Pass:
         return [*self.outputs, *self.input_grads, *self.param_grads, *self.buffers]
 
 
-def forward_backward(module: nn.Module, args: tuple[Any, ...], autocast: AutocastState, device_type: str) -> _Pass:
+def forward_backward(
+    module: nn.Module, args: tuple[Any, ...], autocast: AutocastState, device_type: str
+) -> _Pass:
     """One forward and backward with fixed output gradients; gradients are returned, not
     accumulated into `.grad`, so no DDP hook fires and no gradient changes."""
     with autocast.recording(device_type):
@@ -50,7 +53,10 @@ def forward_backward(module: nn.Module, args: tuple[Any, ...], autocast: Autocas
         grads = torch.autograd.grad(
             differentiable,
             [*inputs, *params],
-            grad_outputs=[torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype) for o in differentiable],
+            grad_outputs=[
+                torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype)
+                for o in differentiable
+            ],
             allow_unused=True,
         )
     return _Pass(
@@ -62,7 +68,9 @@ def forward_backward(module: nn.Module, args: tuple[Any, ...], autocast: Autocas
     )
 
 
-def relative_difference(got: Sequence[torch.Tensor | None], want: Sequence[torch.Tensor | None]) -> float:
+def relative_difference(
+    got: Sequence[torch.Tensor | None], want: Sequence[torch.Tensor | None]
+) -> float:
     """||got - want|| / ||want|| over all tensors together: one flipped rounding in a large
     tensor hardly counts, a wrong result counts fully. inf when shapes or presence differ."""
     num = den = 0.0

@@ -17,7 +17,15 @@ from ..findings import Code, Finding
 from ..inputs.arguments import Signature, flatten_call
 from .partial_record import AutocastState
 
-__all__ = ["HANDLE_ATTR", "GraphedForward", "PartialGraphs", "PartialReport", "Skipped", "label", "restore_forward"]
+__all__ = [
+    "HANDLE_ATTR",
+    "GraphedForward",
+    "PartialGraphs",
+    "PartialReport",
+    "Skipped",
+    "label",
+    "restore_forward",
+]
 
 HANDLE_ATTR = "_ddpgraph_partial"
 
@@ -87,14 +95,21 @@ class GraphedForward:
                 "autocast), or graph with samples like the real calls",
                 subject=f"graphed submodule `{self.name or type(self.module).__name__}`",
             )
-            warnings.warn(f"{finding.format()}\n(Warned once for this submodule.)", DdpGraphWarning, stacklevel=3)
+            warnings.warn(
+                f"{finding.format()}\n(Warned once for this submodule.)",
+                DdpGraphWarning,
+                stacklevel=3,
+            )
         self.last_fallback = why
         return self.original(*args, **kwargs)
 
 
 def restore_forward(module: nn.Module, original: Callable[..., Any]) -> None:
     """Put `original` back as `module.forward`: as the class's method when it is one."""
-    if getattr(original, "__self__", None) is module and getattr(original, "__func__", None) is type(module).forward:
+    if (
+        getattr(original, "__self__", None) is module
+        and getattr(original, "__func__", None) is type(module).forward
+    ):
         module.__dict__.pop("forward", None)
     else:
         module.forward = original  # type: ignore[method-assign]
@@ -126,8 +141,10 @@ class PartialReport:
         return {f.name: f.fallbacks for f in self.forwards}
 
     def format(self) -> str:
-        lines = [f"graphed {len(self.graphed)} submodule(s) in {self.seconds:.2f} s: "
-                 + (", ".join(label(n) for n in self.graphed) or "none")]
+        lines = [
+            f"graphed {len(self.graphed)} submodule(s) in {self.seconds:.2f} s: "
+            + (", ".join(label(n) for n in self.graphed) or "none")
+        ]
         lines += [f"  left eager: {label(s.name)}: {s.why}" for s in self.skipped]
         return "\n".join(lines)
 

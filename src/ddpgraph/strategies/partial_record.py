@@ -15,7 +15,15 @@ from ..ddp.build import model_device
 from ..inputs.arguments import flatten_call, stage_leaves, unflatten_call
 from ..probe.syncs import host_sync_probe
 
-__all__ = ["AutocastState", "CallRecord", "LocalState", "SubmoduleRecorder", "record_forward", "record_step"]
+__all__ = [
+    "AutocastState",
+    "CallRecord",
+    "LocalState",
+    "SubmoduleRecorder",
+    "record_forward",
+    "record_step",
+]
+
 
 @dataclass(frozen=True)
 class AutocastState:
@@ -81,7 +89,9 @@ class SubmoduleRecorder:
 
     def __enter__(self) -> SubmoduleRecorder:
         for name, module in self.root.named_modules():
-            self._handles.append(module.register_forward_pre_hook(self._pre(name), with_kwargs=True))
+            self._handles.append(
+                module.register_forward_pre_hook(self._pre(name), with_kwargs=True)
+            )
             self._handles.append(module.register_forward_hook(self._post(name)))
         return self
 
@@ -125,7 +135,11 @@ class LocalState:
     def __init__(self, module: nn.Module) -> None:
         self._buffers = [(b, b.detach().clone()) for b in module.buffers()]
         self._cpu = torch.get_rng_state()
-        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        self._cuda = (
+            torch.cuda.get_rng_state_all()
+            if torch.cuda.is_available() and torch.cuda.is_initialized()
+            else None
+        )
 
     def restore(self) -> None:
         with torch.no_grad():

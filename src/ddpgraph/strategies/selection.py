@@ -131,7 +131,10 @@ class SelectionReport:
             ms = f"{t.ms_per_step:.2f}" if t.timed else "-"
             rows.append((t.name, ms, speedup, t.agreement(), t.outcome()))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[4] for r in rows]
+        return [
+            "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[4]
+            for r in rows
+        ]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -188,11 +191,17 @@ def choose(
             f"{winner.ms_per_step:.2f} ms/step, within {100 * (min_speedup - 1):.0f}% of the "
             f"fastest ({fastest.name}, {fastest.ms_per_step:.2f} ms/step) and simpler"
         )
-    others = [t for t in trials if t.status is TrialStatus.FAILED or t.status is TrialStatus.MISMATCH]
+    others = [
+        t for t in trials if t.status is TrialStatus.FAILED or t.status is TrialStatus.MISMATCH
+    ]
     if winner.name == "eager" and others:
         why += "; " + ", ".join(f"{t.name} {t.status.value}" for t in others)
     marked = tuple(replace(t, status=TrialStatus.CHOSEN) if t is winner else t for t in trials)
-    code = SelectionCode.AUTO_CHOSE_EAGER if winner.name == "eager" else SelectionCode.AUTO_CHOSE_STRATEGY
+    code = (
+        SelectionCode.AUTO_CHOSE_EAGER
+        if winner.name == "eager"
+        else SelectionCode.AUTO_CHOSE_STRATEGY
+    )
     return SelectionReport(code, winner.name, why, marked, seconds, budget_s)
 
 

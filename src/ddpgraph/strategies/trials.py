@@ -123,11 +123,22 @@ class TrialRunner:
                 return TrialOutcome(rank, False, [failure])
             diffs = (0.0, 0.0, 0.0) if candidate.name == "eager" else self._check(step)
             return TrialOutcome(
-                rank, True, ms_per_step=self._time(step), loss_diff=diffs[0], grad_diff=diffs[1], update_diff=diffs[2]
+                rank,
+                True,
+                ms_per_step=self._time(step),
+                loss_diff=diffs[0],
+                grad_diff=diffs[1],
+                update_diff=diffs[2],
             )
         except Exception as exc:  # the trial's failure is its result; training goes on
             found = finding_from_error(exc)
-            finding = Finding(found.code, found.happened, found.fix, f"strategy {candidate.name!r}", found.location)
+            finding = Finding(
+                found.code,
+                found.happened,
+                found.fix,
+                f"strategy {candidate.name!r}",
+                found.location,
+            )
             return TrialOutcome(
                 rank,
                 False,
@@ -149,7 +160,11 @@ class TrialRunner:
             reason = step.reason
             if step.state is StepState.EAGER and isinstance(reason, Finding):
                 return reason  # a strategy that gave up (the eager ones have no reason)
-            if calls >= s.min_setup_calls and step.state is not StepState.WARMUP and self._reducer_settled():
+            if (
+                calls >= s.min_setup_calls
+                and step.state is not StepState.WARMUP
+                and self._reducer_settled()
+            ):
                 return None
             if calls < s.max_setup_calls:
                 self._call(step)
@@ -172,7 +187,9 @@ class TrialRunner:
         got = self._steps(lambda: self._call(step), n)
         here.restore()
         with reference_context(step):
-            want = self._steps(lambda: run_eager(self._fn, self._args, self._kwargs, self._device, self._stream), n)
+            want = self._steps(
+                lambda: run_eager(self._fn, self._args, self._kwargs, self._device, self._stream), n
+            )
         here.restore()
         return (
             _loss_diff(got.losses, want.losses),
@@ -186,7 +203,11 @@ class TrialRunner:
         run = _Run()
         for _ in range(n):
             out = call()
-            run.losses += [t.detach().float().clone() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+            run.losses += [
+                t.detach().float().clone()
+                for t in pytree.tree_leaves(out)
+                if isinstance(t, torch.Tensor)
+            ]
         run.grads = [p.grad.detach().clone() if p.grad is not None else None for p in params]
         run.update = [p.detach() - b for p, b in zip(params, before, strict=True)]
         return run

@@ -110,10 +110,14 @@ def split_batch(batch: Any, micro_batches: int) -> list[Any]:
         )
     step = size // micro_batches
     columns = [
-        leaf.split(step) if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 else [leaf] * micro_batches
+        leaf.split(step)
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0
+        else [leaf] * micro_batches
         for leaf in leaves
     ]
-    return [pytree.tree_unflatten([column[i] for column in columns], spec) for i in range(micro_batches)]
+    return [
+        pytree.tree_unflatten([column[i] for column in columns], spec) for i in range(micro_batches)
+    ]
 
 
 def _micro_batches(batches: Any, micro_batches: int | None) -> Sequence[Any]:

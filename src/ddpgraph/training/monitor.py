@@ -168,7 +168,11 @@ class NonFiniteMonitor:
         slot.step, slot.read = self._steps, False
         self._steps += 1
         previous = buffers.slots[self._steps % 2]
-        return self._read(previous, buffers) if previous.step is not None and not previous.read else None
+        return (
+            self._read(previous, buffers)
+            if previous.step is not None and not previous.read
+            else None
+        )
 
     def finish(self) -> StepValues | None:
         """Read the last step now (waiting for it); None if it was read already."""

@@ -103,7 +103,9 @@ class GraphSafeGradScaler:
     ) -> None:
         check_schedule(init_scale, growth_factor, backoff_factor, growth_interval)
         self._enabled = bool(enabled)
-        self._config = ScheduleConfig(float(init_scale), float(growth_factor), float(backoff_factor), int(growth_interval))
+        self._config = ScheduleConfig(
+            float(init_scale), float(growth_factor), float(backoff_factor), int(growth_interval)
+        )
         self._state: DeviceState | None = None
         self._found_inf: dict[int, torch.Tensor] = {}
         self._guard = StepGuard()
@@ -186,7 +188,9 @@ class GraphSafeGradScaler:
         if has_fresh_state(optimizer):
             result = self._first_step(optimizer, stage, args, kwargs)
         elif takes_found_inf(optimizer):
-            result = fused_step(optimizer, state.scale, self._found_inf_of(optimizer, state), stage, args, kwargs)
+            result = fused_step(
+                optimizer, state.scale, self._found_inf_of(optimizer, state), stage, args, kwargs
+            )
         else:
             if stage is None:
                 self.unscale_(optimizer)
@@ -338,7 +342,11 @@ class GraphSafeGradScaler:
         return flag
 
     def _first_step(
-        self, optimizer: Optimizer, stage: Stage | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        optimizer: Optimizer,
+        stage: Stage | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Any:
         """An optimizer's first step, decided on the host (one sync), as GradScaler decides.
 

@@ -11,7 +11,15 @@ import torch
 
 from ..errors import usage_error
 
-__all__ = ["DeviceState", "ScalerStats", "ScalerTensors", "ScheduleConfig", "Stage", "check_schedule", "update_schedule"]
+__all__ = [
+    "DeviceState",
+    "ScalerStats",
+    "ScalerTensors",
+    "ScheduleConfig",
+    "Stage",
+    "check_schedule",
+    "update_schedule",
+]
 
 
 class Stage(enum.Enum):
@@ -73,7 +81,9 @@ class ScheduleConfig:
                 "load the state_dict of an enabled scaler",
             )
         check_schedule(
-            state_dict["scale"], state_dict["growth_factor"], state_dict["backoff_factor"],
+            state_dict["scale"],
+            state_dict["growth_factor"],
+            state_dict["backoff_factor"],
             state_dict["growth_interval"],
         )
         self.init_scale = float(state_dict["scale"])
@@ -132,18 +142,29 @@ def update_schedule(state: DeviceState, found: torch.Tensor) -> None:
         backed_off = (state.scale.double() * state.backoff_factor).float()
         kept = torch.where(grow & torch.isfinite(grown), grown, state.scale)
         state.scale.copy_(torch.where(skipped, backed_off, kept))
-        state.growth_tracker.copy_(torch.where(skipped | grow, torch.zeros_like(successful), successful))
+        state.growth_tracker.copy_(
+            torch.where(skipped | grow, torch.zeros_like(successful), successful)
+        )
         state.skipped_steps.add_(skipped.to(torch.int64))
         state.found_inf.copy_(skipped.to(torch.float32))
 
 
-def check_schedule(init_scale: float, growth_factor: float, backoff_factor: float, growth_interval: int) -> None:
+def check_schedule(
+    init_scale: float, growth_factor: float, backoff_factor: float, growth_interval: int
+) -> None:
     checks = (
-        (init_scale > 0 and init_scale != float("inf"), "init_scale", init_scale, "a positive finite number"),
+        (
+            init_scale > 0 and init_scale != float("inf"),
+            "init_scale",
+            init_scale,
+            "a positive finite number",
+        ),
         (growth_factor > 1.0, "growth_factor", growth_factor, "a number > 1"),
         (0.0 < backoff_factor < 1.0, "backoff_factor", backoff_factor, "a number in (0, 1)"),
         (
-            isinstance(growth_interval, int) and not isinstance(growth_interval, bool) and growth_interval >= 1,
+            isinstance(growth_interval, int)
+            and not isinstance(growth_interval, bool)
+            and growth_interval >= 1,
             "growth_interval",
             growth_interval,
             "an int >= 1",

@@ -14,7 +14,16 @@ from ..errors import DdpGraphError, usage_error
 from ..findings import Code, Finding
 from .scaler_state import Stage
 
-__all__ = ["IterationStages", "StepGuard", "capturing", "check_grads", "fused_step", "has_fresh_state", "refuse_recorded_first_step", "takes_found_inf"]
+__all__ = [
+    "IterationStages",
+    "StepGuard",
+    "capturing",
+    "check_grads",
+    "fused_step",
+    "has_fresh_state",
+    "refuse_recorded_first_step",
+    "takes_found_inf",
+]
 
 
 def capturing() -> bool:
@@ -51,7 +60,9 @@ def refuse_recorded_first_step(optimizer: Optimizer) -> None:
         )
 
 
-def check_grads(optimizer: Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, *, allow_fp16: bool) -> None:
+def check_grads(
+    optimizer: Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, *, allow_fp16: bool
+) -> None:
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     with torch.no_grad():
         for group in optimizer.param_groups:
@@ -121,7 +132,13 @@ class StepGuard:
     def __init__(self) -> None:
         self._backups: dict[int, _Backup] = {}
 
-    def step(self, optimizer: Optimizer, found_inf: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def step(
+        self,
+        optimizer: Optimizer,
+        found_inf: torch.Tensor,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         targets = _update_targets(optimizer)
         backup = self._backup_for(optimizer, targets)
         with torch.no_grad():

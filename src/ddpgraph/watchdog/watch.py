@@ -179,7 +179,9 @@ class ReplayWatchdog:
         self.checkpoint_wait_s = checkpoint_wait_s if checkpoint_wait_s is not None else wait
         self.replays = 0
         self.finished = 0
-        self.calls: int | None = None  # the step's calls, set by the step, published with the replays
+        self.calls: int | None = (
+            None  # the step's calls, set by the step, published with the replays
+        )
         self.failure: Finding | None = None
         self.reported: list[Finding] = []
         self.aborted_with = ""
@@ -345,7 +347,13 @@ def _board_for(group: Any, rank: int, timeout_s: float) -> PeerBoard | NoBoard:
     if store is None:
         return NoBoard()
     publish_s = min(5.0, max(0.05, timeout_s / 4))
-    return PeerBoard(store, next(_indices if group is not None else _solo_indices), rank, groups.ranks_of(group), publish_s)
+    return PeerBoard(
+        store,
+        next(_indices if group is not None else _solo_indices),
+        rank,
+        groups.ranks_of(group),
+        publish_s,
+    )
 
 
 def check_options(replay_timeout: object, on_replay_timeout: object) -> None:
@@ -386,5 +394,11 @@ def watch_replays(
     process group's), and the step's bound `close` registered to run at interpreter exit."""
     check_options(replay_timeout, on_replay_timeout)
     close_at_exit(close)
-    timeout = None if replay_timeout is None else groups.timeout_s(group) if replay_timeout == "group" else float(replay_timeout)
+    timeout = (
+        None
+        if replay_timeout is None
+        else groups.timeout_s(group)
+        if replay_timeout == "group"
+        else float(replay_timeout)
+    )
     return ReplayWatchdog(timeout, on_replay_timeout, step_name, group, device=device)
