@@ -99,9 +99,9 @@ def _strategy_run(
         make_train_step(ddp, opt, workload.loss, BF16),
         model=ddp,
         optimizer=opt,
-        strategy=strategy,
+        strategy=strategy,  # type: ignore[arg-type]
         **kw,
-    )  # type: ignore[arg-type]
+    )
     # After make_step, as in the reference: a scheduler made before the learning rate
     # became a tensor computes it in float64, after in float32 (one ulp apart), and
     # bf16 training amplifies that.
@@ -412,8 +412,11 @@ def _time_strategy(workload: Workload, info: DistInfo, batch: int, strategy: str
     ddp = ddpgraph.prepare_ddp(_build(workload, info), device_ids=[info.device.index])
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     step = make_step(
-        make_train_step(ddp, opt, workload.loss, BF16), model=ddp, optimizer=opt, strategy=strategy
-    )  # type: ignore[arg-type]
+        make_train_step(ddp, opt, workload.loss, BF16),
+        model=ddp,
+        optimizer=opt,
+        strategy=strategy,  # type: ignore[arg-type]
+    )
     started = time.perf_counter()
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")

@@ -157,9 +157,9 @@ def cpu_sync_batch_norm(recording: Any) -> Iterator[None]:
     recording backend whose `capturing` says when a CUDA capture would be running."""
     _register_kernels()
     saved = (batchnorm.torch, _functions.torch)
-    batchnorm.torch = _AsOnAGpu(
+    batchnorm.torch = _AsOnAGpu(  # type: ignore[assignment]
         {"_C": _Namespace(torch._C, _get_privateuse1_backend_name=lambda: "cpu")}
-    )  # type: ignore[assignment]
+    )
     capturing = lambda: bool(getattr(recording, "capturing", False))  # noqa: E731
     _functions.torch = _AsOnAGpu(  # type: ignore[assignment]
         {

@@ -53,8 +53,11 @@ def test_the_first_difference_names_the_users_line() -> None:
     where = second.divergence.location if second.divergence else None
     assert where is not None and where.source.endswith("# the line") and where.filename == __file__
     finding = frozen_finding(
-        second.divergence, [], when="in two calls", later="a replay repeats one"
-    )  # type: ignore[arg-type]
+        second.divergence,  # type: ignore[arg-type]
+        [],
+        when="in two calls",
+        later="a replay repeats one",
+    )
     assert finding.code is Code.FROZEN_PYTHON_VALUE
     assert "`torch.Tensor.mul`" in finding.happened and "1, 2 in two calls" in finding.happened
 
@@ -252,8 +255,8 @@ def test_verify_every_must_be_a_positive_int(make_run, bad: object) -> None:
             model=run.model,
             optimizer=run.optimizer,
             backend=RecordingBackend(),
-            verify_every=bad,
-        )  # type: ignore[arg-type]
+            verify_every=bad,  # type: ignore[arg-type]
+        )
 
 
 def test_the_doctor_checks_every_step_at_its_own_interval() -> None:

@@ -110,9 +110,9 @@ def _adam_group(opt: Optimizer, group: dict[str, Any], live: Live) -> None:
     max_exp_avg_sqs: list[torch.Tensor] = []
     steps: list[torch.Tensor] = []
     # PyTorch's own lazy state initialisation, flags included (state on the device).
-    has_complex = opt._init_group(
+    has_complex = opt._init_group(  # type: ignore[attr-defined]
         group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps
-    )  # type: ignore[attr-defined]
+    )
     if not params:
         return
     if has_complex:
