@@ -117,18 +117,7 @@ def capture_step(
     Without CUDA (or with the model on CPU) the step runs eagerly and `reason` has code
     NO_CUDA. Use `close()` or a `with` block to free the graph before the process group.
     """
-    if not callable(fn):
-        raise usage_error(
-            "`capture_step(fn)`",
-            f"expected a callable, got {type(fn).__name__}",
-            "pass the training-step function",
-        )
-    if not isinstance(model, nn.Module):
-        raise usage_error(
-            "`capture_step(model=...)`",
-            f"expected a torch.nn.Module, got {type(model).__name__}",
-            "pass the DDP model the step trains (from `ddpgraph.prepare_ddp`)",
-        )
+    _check_step_and_model(fn, model)
     merged = merge_settings("capture_step", options, settings)
     if compile is not False:
         # The compile strategy is built on the capture core, which never imports the
@@ -141,3 +130,20 @@ def capture_step(
     # `optimizer=` is checked by the step, in the agreement of its constructor: a wrong
     # one on one rank makes every rank raise.
     return CapturedStep(fn, model=model, optimizers=optimizer, options=merged)
+
+
+def _check_step_and_model(fn: object, model: object) -> None:
+    """Refuse a step that is not callable or a model that is not a module, before any
+    setting is read, so the error names the argument rather than a later failure."""
+    if not callable(fn):
+        raise usage_error(
+            "`capture_step(fn)`",
+            f"expected a callable, got {type(fn).__name__}",
+            "pass the training-step function",
+        )
+    if not isinstance(model, nn.Module):
+        raise usage_error(
+            "`capture_step(model=...)`",
+            f"expected a torch.nn.Module, got {type(model).__name__}",
+            "pass the DDP model the step trains (from `ddpgraph.prepare_ddp`)",
+        )

@@ -141,19 +141,8 @@ def _measure(
         "timing", lambda: _timed(runner, feed, settings, device, last), label=label
     )
     device_eager = _since(before, runner.eager_calls)
-    gpu = GpuProfile()
-    if case.on_cuda and settings.profile_steps > 0:
-        on_phase("profile")
-
-        def profile() -> GpuProfile:
-            if not profile_here:
-                steps(feed, settings.profile_steps)
-                return GpuProfile()
-            return profile_steps(
-                lambda: steps(feed, settings.profile_steps), settings.profile_steps, device
-            )
-
-        gpu = control.phase("profile", profile, label=label)
+    profiled = partial(steps, feed, settings.profile_steps)
+    gpu = _profile(case, settings, control, profile_here, on_phase, label, profiled)
     active_ms, why = gpu.active_ms_per_step, gpu.why
     result.kernel_ms_per_step = gpu.kernel_ms_per_step
     result.gpu_timeline = gpu.timeline
@@ -175,15 +164,50 @@ def _measure(
             last,
             active_ms,
         )
+    control.phase(
+        "reading the results",
+        lambda: _read_outcome(runner, result, settings, last, why),
+        label=label,
+    )
 
-    def read_outcome() -> None:
-        result.final_loss = float(last[0]) if last else None
-        result.capture_s = runner.capture_seconds
-        result.captured = runner.captured
-        eager = eager_calls_note(result, settings.timed_steps)
-        result.note = "\n".join(filter(None, [eager, runner.note(), why])) or None
 
-    control.phase("reading the results", read_outcome, label=label)
+def _profile(
+    case: Case,
+    settings: Settings,
+    control: Control,
+    profile_here: bool,
+    on_phase: Callable[[str], None],
+    label: str,
+    run_steps: Callable[[], None],
+) -> GpuProfile:
+    """The profile phase, on CUDA only. A rank that does not profile still runs the same
+    steps, so that every rank's DDP step count stays equal."""
+    if not (case.on_cuda and settings.profile_steps > 0):
+        return GpuProfile()
+    on_phase("profile")
+
+    def profile() -> GpuProfile:
+        if not profile_here:
+            run_steps()
+            return GpuProfile()
+        return profile_steps(run_steps, settings.profile_steps, case.device)
+
+    return control.phase("profile", profile, label=label)
+
+
+def _read_outcome(
+    runner: Runner,
+    result: StrategyResult,
+    settings: Settings,
+    last: list[torch.Tensor],
+    why: str | None,
+) -> None:
+    """Fill in what the row reports beyond timings: the final loss, capture outcome, note."""
+    result.final_loss = float(last[0]) if last else None
+    result.capture_s = runner.capture_seconds
+    result.captured = runner.captured
+    eager = eager_calls_note(result, settings.timed_steps)
+    result.note = "\n".join(filter(None, [eager, runner.note(), why])) or None
 
 
 def _measure_loader(

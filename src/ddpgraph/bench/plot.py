@@ -80,20 +80,7 @@ def speedup_figure(report: Report) -> tuple[Figure | None, bool]:
                 xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, style, marker="o", color=colors[strategy])
         if not lines:
-            ran = any(
-                r.status == "ok" and r.strategy != BASELINE
-                for r in report.results
-                if r.model == model
-            )
-            if report.emulated and ran:
-                text = "no CUDA: captures emulated on CPU,\nCPU times are not GPU speed-ups"
-            else:
-                text = (
-                    "nothing was captured:\nspeedups would be noise"
-                    if ran
-                    else "no results to compare"
-                )
-            ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center")
+            ax.text(0.5, 0.5, _empty_panel_text(report, model), transform=ax.transAxes, ha="center")
         drew = drew or lines > 0
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(b) for b in sizes])
@@ -103,11 +90,25 @@ def speedup_figure(report: Report) -> tuple[Figure | None, bool]:
         ax.grid(True, alpha=0.3)
     for ax in axes[len(models) :]:
         ax.set_visible(False)
-    handles = [
-        Line2D([], [], color=colors[name], marker="o", label=name)
-        for name in order
-        if name in shown
-    ]
+    _legend(figure, [name for name in order if name in shown], colors)
+    s = report.setup
+    figure.suptitle(f"ddpgraph bench: {s['world_size']} × {s['device']}, torch {s['torch']}")
+    return figure, drew
+
+
+def _empty_panel_text(report: Report, model: str) -> str:
+    """What a panel with no line says instead, so an empty panel is not read as a result."""
+    ran = any(
+        r.status == "ok" and r.strategy != BASELINE for r in report.results if r.model == model
+    )
+    if report.emulated and ran:
+        return "no CUDA: captures emulated on CPU,\nCPU times are not GPU speed-ups"
+    return "nothing was captured:\nspeedups would be noise" if ran else "no results to compare"
+
+
+def _legend(figure: Figure, strategies: list[str], colors: dict[str, str]) -> None:
+    """One legend for all panels: the strategies drawn, the baseline and the two feeds."""
+    handles = [Line2D([], [], color=colors[name], marker="o", label=name) for name in strategies]
     handles += [
         Line2D([], [], color="grey", label=f"{BASELINE} DDP (1×)"),
         Line2D([], [], color="black", linestyle="-", label="batches already on the GPU"),
@@ -122,6 +123,3 @@ def speedup_figure(report: Report) -> tuple[Figure | None, bool]:
         )
     except ValueError:
         figure.legend(handles=handles, loc="lower center", ncol=legend_columns, fontsize="small")
-    s = report.setup
-    figure.suptitle(f"ddpgraph bench: {s['world_size']} × {s['device']}, torch {s['torch']}")
-    return figure, drew

@@ -158,6 +158,15 @@ def build_reduce_overhead_dynamic(case: Case, model: nn.Module) -> Runner:
     )
 
 
+# torch.compile's own answer to varying lengths: one dynamic-shape graph set.
+_REDUCE_OVERHEAD_DYNAMIC = Strategy(
+    "reduce-overhead dynamic=True",
+    "torch.compile(ddp, mode='reduce-overhead', dynamic=True)",
+    build_reduce_overhead_dynamic,
+    cpu_skip=_CUDA_GRAPHS,
+)
+
+
 def rows(
     varlen: VarLen,
     reduce_overhead: Strategy,
@@ -169,36 +178,12 @@ def rows(
     n, fixed, top = len(varlen.buckets), varlen.fixed_len, max(varlen.buckets)
 
     def graphs(name: str, summary: str, max_graphs: int, compile_model: bool = False) -> Strategy:
-        def build(case: Case, model: nn.Module) -> Runner:
-            sinks[name] = {}
-            return GraphsRunner(
-                case,
-                model,
-                max_graphs=max_graphs,
-                compile_model=compile_model,
-                warmup=warmup,
-                sink=sinks[name],
-            )
-
-        skip = _INDUCTOR_ON_CPU if compile_model else None
-        return Strategy(name, summary, build, cpu_skip=skip)
-
-    def renamed(strategy: Strategy, name: str) -> Strategy:
-        return replace(strategy, name=name)
+        return _graphs_strategy(sinks, warmup, name, summary, max_graphs, compile_model)
 
     candidates = [
         Row(eager, "eager", "variable"),
         Row(reduce_overhead, "reduce-overhead", "variable"),
-        Row(
-            Strategy(
-                "reduce-overhead dynamic=True",
-                "torch.compile(ddp, mode='reduce-overhead', dynamic=True)",
-                build_reduce_overhead_dynamic,
-                cpu_skip=_CUDA_GRAPHS,
-            ),
-            "reduce-overhead",
-            "variable",
-        ),
+        Row(_REDUCE_OVERHEAD_DYNAMIC, "reduce-overhead", "variable"),
         Row(
             graphs("whole", "capture_step as by default: one graph, other shapes eager", 1),
             "whole",
@@ -221,7 +206,7 @@ def rows(
             "compile",
             "bucketed",
         ),
-        Row(renamed(eager, f"eager T={fixed}"), "eager", "fixed"),
+        Row(replace(eager, name=f"eager T={fixed}"), "eager", "fixed"),
         Row(graphs(f"whole T={fixed}", "capture_step at one fixed length", 1), "whole", "fixed"),
         Row(
             graphs(
@@ -234,6 +219,32 @@ def rows(
         ),
     ]
     return [r for r in candidates if r.family in varlen.families]
+
+
+def _graphs_strategy(
+    sinks: dict[str, dict[str, Any]],
+    warmup: int,
+    name: str,
+    summary: str,
+    max_graphs: int,
+    compile_model: bool,
+) -> Strategy:
+    """A capture_step row: its runner reports the graphs it kept into `sinks[name]`, which
+    is reset each time the row is built so a row never reads another run's graphs."""
+
+    def build(case: Case, model: nn.Module) -> Runner:
+        sinks[name] = {}
+        return GraphsRunner(
+            case,
+            model,
+            max_graphs=max_graphs,
+            compile_model=compile_model,
+            warmup=warmup,
+            sink=sinks[name],
+        )
+
+    skip = _INDUCTOR_ON_CPU if compile_model else None
+    return Strategy(name, summary, build, cpu_skip=skip)
 
 
 def run_varlen(

@@ -84,29 +84,7 @@ class CaptureAttempts(PolicyHooks[R]):
                 with self._policy_running("capture"):
                     graph = backend.capture(record, stream=self._stream, pool=pool, **extra)
             except CaptureError as err:
-                stuck = not ddp_tools.reducer_finalized(self._model)
-                if raised_by_step(err):
-                    raised = err.cause
-                    finding = step_raised_finding(err.cause, self.stats.calls)  # type: ignore[arg-type]
-                    outcome = Outcome(
-                        current_rank(),
-                        False,
-                        [finding],
-                        reducer_needs_reset=stuck,
-                        action=Action.RAISE,
-                        step_raised=True,
-                    )
-                else:
-                    finding = self._policy_explain(
-                        finding_from_capture_error(err, [str(w.message) for w in caught], syncs)
-                    )
-                    outcome = Outcome(
-                        current_rank(),
-                        False,
-                        [finding],
-                        reducer_needs_reset=stuck,
-                        action=Action.EAGER,
-                    )
+                outcome, raised = self._failed_capture(err, caught, syncs)
             except BaseException:
                 # An interrupt or an exit in the step: it propagates at once, on this rank
                 # alone (the process is ending), with the training state as before the call.
@@ -124,6 +102,32 @@ class CaptureAttempts(PolicyHooks[R]):
             time.perf_counter() - start,
             raised,
         )
+
+    def _failed_capture(
+        self, err: CaptureError, caught: list[Any], syncs: list[Any]
+    ) -> tuple[Outcome, BaseException | None]:
+        """This rank's outcome of a recording that failed, and the step's own exception
+        when the step raised it (re-raised once every rank agrees), else None: a failure
+        of the capture itself only makes the step run eagerly."""
+        stuck = not ddp_tools.reducer_finalized(self._model)
+        if raised_by_step(err):
+            finding = step_raised_finding(err.cause, self.stats.calls)  # type: ignore[arg-type]
+            outcome = Outcome(
+                current_rank(),
+                False,
+                [finding],
+                reducer_needs_reset=stuck,
+                action=Action.RAISE,
+                step_raised=True,
+            )
+            return outcome, err.cause
+        finding = self._policy_explain(
+            finding_from_capture_error(err, [str(w.message) for w in caught], syncs)
+        )
+        outcome = Outcome(
+            current_rank(), False, [finding], reducer_needs_reset=stuck, action=Action.EAGER
+        )
+        return outcome, None
 
     def _hold(
         self,

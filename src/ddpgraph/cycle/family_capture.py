@@ -98,16 +98,9 @@ class FamilySteps(CaptureEngine[R]):
         after_failure: Callable[[], None] = _nothing
         raised: BaseException | None = None
         if adding:
-            buffer_sync = ddp_tools.will_sync_buffers(self._model)
-            # With a backend that runs it, the recording is this call's step (`out`).
-            attempt = self._capture_attempt(leaves, spec, self._family.pool, ran=out)
-            outcome, after_failure, raised = attempt.outcome, attempt.after_failure, attempt.raised
-            if not runs:
-                out.clear()  # recorded, not run: the call's step is the replay below
-            if attempt.graph is not None:
-                captured = self._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
-                self._family.add(captured)
-                self._captured = captured
+            outcome, after_failure, raised, captured = self._record_added(
+                runs, args, kwargs, leaves, spec, out
+            )
         elif runs:
             out.append(serve())
         decision = self._decide(outcome)
@@ -139,6 +132,29 @@ class FamilySteps(CaptureEngine[R]):
             return out[0]
         self.stats.eager_steps += 1
         return self._eager(leaves, spec)
+
+    def _record_added(
+        self,
+        runs: bool,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        spec: Any,
+        out: list[R],
+    ) -> tuple[Outcome, Callable[[], None], BaseException | None, Captured | None]:
+        """Record this rank's new graph into the family's pool and, when it records, add
+        it to the family; what every rank then decides on is the attempt's outcome."""
+        buffer_sync = ddp_tools.will_sync_buffers(self._model)
+        # With a backend that runs it, the recording is this call's step (`out`).
+        attempt = self._capture_attempt(leaves, spec, self._family.pool, ran=out)
+        if not runs:
+            out.clear()  # recorded, not run: the call's step is the replay below
+        captured: Captured | None = None
+        if attempt.graph is not None:
+            captured = self._hold(attempt, buffer_sync, args, kwargs, leaves, spec)
+            self._family.add(captured)
+            self._captured = captured
+        return attempt.outcome, attempt.after_failure, attempt.raised, captured
 
     def _outputs(self, result: R) -> R:
         if self._options.clone_outputs:

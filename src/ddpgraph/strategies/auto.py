@@ -143,21 +143,9 @@ class AutoStep(StepBase[R]):
         results: list[TrialResult] = []
         elapsed = 0.0
         for candidate in self._candidates:
-            if candidate.unavailable is not None:
-                results.append(
-                    TrialResult(
-                        candidate.name, TrialStatus.NOT_APPLICABLE, finding=candidate.unavailable
-                    )
-                )
-                continue
-            if candidate.name != "eager" and elapsed >= self._budget_s:
-                results.append(
-                    TrialResult(
-                        candidate.name,
-                        TrialStatus.SKIPPED,
-                        detail=f"the {self._budget_s:.0f} s budget was spent after {elapsed:.1f} s",
-                    )
-                )
+            untried = self._not_tried(candidate, elapsed)
+            if untried is not None:
+                results.append(untried)
                 continue
             before.restore()
             began = self._clock()
@@ -188,6 +176,21 @@ class AutoStep(StepBase[R]):
         log.info("%s", report.format())
         chosen = next(c for c in self._candidates if c.name == report.winner)
         return chosen.build()
+
+    def _not_tried(self, candidate: Candidate, elapsed: float) -> TrialResult | None:
+        """The result of a candidate that is not run: one that cannot apply here, or one
+        after the budget is spent (eager always runs: it is the reference); else None."""
+        if candidate.unavailable is not None:
+            return TrialResult(
+                candidate.name, TrialStatus.NOT_APPLICABLE, finding=candidate.unavailable
+            )
+        if candidate.name != "eager" and elapsed >= self._budget_s:
+            return TrialResult(
+                candidate.name,
+                TrialStatus.SKIPPED,
+                detail=f"the {self._budget_s:.0f} s budget was spent after {elapsed:.1f} s",
+            )
+        return None
 
     def _result(self, candidate: Candidate, decision: Decision) -> TrialResult:
         outcomes = [o for o in decision.outcomes if isinstance(o, TrialOutcome)]

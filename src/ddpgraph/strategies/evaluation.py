@@ -272,18 +272,7 @@ def capture_eval(
             training replay may overwrite them (with `options=`, a shared pool clones
             whatever `options.clone_outputs` says).
     """
-    if not callable(fn):
-        raise usage_error(
-            "`capture_eval(fn)`",
-            f"expected a callable, got {type(fn).__name__}",
-            "pass the evaluation function",
-        )
-    if not isinstance(model, nn.Module):
-        raise usage_error(
-            "`capture_eval(model=...)`",
-            f"expected a torch.nn.Module, got {type(model).__name__}",
-            "pass the model `fn` evaluates",
-        )
+    _check_eval_and_model(fn, model)
     given = dict(settings)
     clone_outputs = given.pop("clone_outputs", None)
     if options is not None and clone_outputs is not None:
@@ -307,3 +296,20 @@ def capture_eval(
         training_step=training_step,
         options=replace(merged, clone_outputs=bool(clone_outputs)),
     )
+
+
+def _check_eval_and_model(fn: object, model: object) -> None:
+    """Refuse an evaluation that is not callable or a model that is not a module, before
+    any setting is read, so the error names the argument rather than a later failure."""
+    if not callable(fn):
+        raise usage_error(
+            "`capture_eval(fn)`",
+            f"expected a callable, got {type(fn).__name__}",
+            "pass the evaluation function",
+        )
+    if not isinstance(model, nn.Module):
+        raise usage_error(
+            "`capture_eval(model=...)`",
+            f"expected a torch.nn.Module, got {type(model).__name__}",
+            "pass the model `fn` evaluates",
+        )

@@ -179,11 +179,7 @@ def _attempt(
     assert record is not None
     subject = f"submodule {label(name)}"
     if record.syncs:
-        found = classify(record.syncs[0].stack) or Finding(
-            Code.HOST_SYNC_IN_CAPTURE, "an operation waits for the GPU"
-        )
-        finding = Finding(found.code, found.happened, found.fix, subject, found.location)
-        return None, Skipped(name, finding.happened, finding)
+        return None, _host_sync_skip(name, record, subject)
     args = tuple(
         a.detach().clone().requires_grad_(a.requires_grad)
         for a in stage_leaves(list(record.args), s.device)
@@ -210,19 +206,8 @@ def _attempt(
                 subject=subject,
             )
         else:
-            leaves, spec = flatten_call(args, {})
-            storage = [
-                (p, g.data_ptr())
-                for p, g in zip(got.params, got.param_grads, strict=True)
-                if g is not None
-            ]
-            forward = GraphedForward(
-                name,
-                module,
-                original,
-                Signature(leaves, spec, leaf_paths(args, {})),
-                record.autocast,
-                storage,
+            forward = _graphed_forward(
+                name, module, original, args, record, got.params, got.param_grads
             )
     except Exception as exc:  # a failed capture, or an operation a graph cannot hold
         settle(s.device)
@@ -238,6 +223,40 @@ def _attempt(
     restore_forward(module, original)
     first = decision.findings[0] if decision.findings else failure
     return None, Skipped(name, first.happened if first else "graphed on some ranks only", first)
+
+
+def _host_sync_skip(name: str, record: CallRecord, subject: str) -> Skipped:
+    """A submodule whose recorded forward waited for the GPU: a graph would not hold the
+    wait, so it stays eager, with the finding of the first such operation."""
+    found = classify(record.syncs[0].stack) or Finding(
+        Code.HOST_SYNC_IN_CAPTURE, "an operation waits for the GPU"
+    )
+    finding = Finding(found.code, found.happened, found.fix, subject, found.location)
+    return Skipped(name, finding.happened, finding)
+
+
+def _graphed_forward(
+    name: str,
+    module: nn.Module,
+    original: Callable[..., Any],
+    args: tuple[Any, ...],
+    record: CallRecord,
+    params: list[nn.Parameter],
+    grads: list[torch.Tensor | None],
+) -> GraphedForward:
+    """The forward to install for a submodule that graphed correctly. The storage of the
+    gradients it produced is kept: a gradient still in the graph's memory at the next
+    replay gets its own memory first, so the replay does not overwrite it."""
+    leaves, spec = flatten_call(args, {})
+    storage = [(p, g.data_ptr()) for p, g in zip(params, grads, strict=True) if g is not None]
+    return GraphedForward(
+        name,
+        module,
+        original,
+        Signature(leaves, spec, leaf_paths(args, {})),
+        record.autocast,
+        storage,
+    )
 
 
 def _ineligible(module: nn.Module, record: CallRecord | None) -> str | None:
