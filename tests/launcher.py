@@ -171,7 +171,10 @@ class Batch:
             )
         missing = [
             {
-                "error": "the shared launch did not finish, or left this module out (see the first test that used it)"
+                "error": (
+                    "the shared launch did not finish, or left this module out (see the first test "
+                    "that used it)"
+                )
             }
         ]
         return {

@@ -116,7 +116,10 @@ def run_case(case: str) -> str:
     dist.destroy_process_group()
     if worst > 1e-5:
         return f"FAIL replays differ from eager training (max abs diff {worst:.3g})"
-    return f"PASS captured, {REPLAYS} replays equal to eager ({'bit for bit' if same else f'max abs diff {worst:.3g}'})"
+    return (
+        f"PASS captured, {REPLAYS} replays equal to eager "
+        f"({'bit for bit' if same else f'max abs diff {worst:.3g}'})"
+    )
 
 
 def main() -> int:

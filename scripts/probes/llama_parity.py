@@ -352,7 +352,8 @@ def _print(row: dict[str, Any]) -> None:
     ee = "-" if row["eager_vs_eager"] is None else f"{row['eager_vs_eager']:.2e}"
     verdict = "PASS" if row["param_rel"] == 0 and row["loss_diff"] == 0 else "FAIL"
     print(
-        f"{row['model']:6} {row['dtype']:5} {row['variant']:34} {row['state']:9} eager/eager {ee:9} captured/eager {row['param_rel']:.2e} loss {row['loss_diff']:.2e} {verdict}",
+        f"{row['model']:6} {row['dtype']:5} {row['variant']:34} {row['state']:9} eager/eager "
+        f"{ee:9} captured/eager {row['param_rel']:.2e} loss {row['loss_diff']:.2e} {verdict}",
         flush=True,
     )
     for key in (

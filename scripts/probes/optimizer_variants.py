@@ -258,7 +258,8 @@ def main() -> int:
     )
     tensor_lr = fused_adam_takes_tensor_lr()
     print(
-        f"torch {torch.__version__}; fused AdamW reads a tensor lr (graph-safe): {'yes' if tensor_lr else 'no'}"
+        f"torch {torch.__version__}; fused AdamW reads a tensor lr (graph-safe): "
+        f"{'yes' if tensor_lr else 'no'}"
     )
     variants = [(n, s) for n, s in VARIANTS if tensor_lr or s.adam_kernel != "fused"]
     rows: list[Row] = []
@@ -322,7 +323,8 @@ def main() -> int:
         c for c in checks if not c["captured"]
     ]
     print(
-        f"\n{'FAIL' if failed else 'PASS'}: {len(failed)} of {len(rows) + len(checks)} rows did not capture"
+        f"\n{'FAIL' if failed else 'PASS'}: {len(failed)} of {len(rows) + len(checks)} rows did "
+        "not capture"
     )
     dist.destroy_process_group()
     return 1 if failed else 0

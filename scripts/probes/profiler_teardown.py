@@ -75,7 +75,8 @@ def main() -> None:
 
     print(
         f"TEARDOWN_CUPTI={os.environ.get('TEARDOWN_CUPTI')}: ms per eager step before any profile "
-        f"{before[0]:.2f}, {before[1]:.2f}; after one profile {after_one[0]:.2f}, {after_one[1]:.2f}; "
+        f"{before[0]:.2f}, {before[1]:.2f}; after one profile {after_one[0]:.2f}, "
+        f"{after_one[1]:.2f}; "
         f"after two more with a CUDA graph {after_graphs:.2f}"
     )
 

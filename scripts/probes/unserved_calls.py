@@ -89,7 +89,8 @@ def main() -> None:
             torch.cuda.synchronize()
             ms = (time.perf_counter() - t0) / len(lengths) * 1e3
             print(
-                f"round {round_} {name:26s} {ms:7.2f} ms/step, host median {sorted(host)[len(host) // 2] * 1e3:6.2f} ms"
+                f"round {round_} {name:26s} {ms:7.2f} ms/step, host median "
+                f"{sorted(host)[len(host) // 2] * 1e3:6.2f} ms"
             )
     for name in ("eager", "capture_step, unserved"):
         prof = cProfile.Profile()

@@ -182,16 +182,19 @@ def main() -> int:
         print(f"  ran {name} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     eager_var = rows["eager, varlen"]["ms"]
     print(
-        f"\nmodel={args.model} batch={BATCH} bf16 steps={n} lengths 64..{MAX_T} buckets={BUCKETS}  (torch {torch.__version__})"
+        f"\nmodel={args.model} batch={BATCH} bf16 steps={n} lengths 64..{MAX_T} buckets={BUCKETS}  "
+        f"(torch {torch.__version__})"
     )
     print(
-        f"{'row':40} {'ms/step':>8} {'speedup':>8} {'peak MiB':>9} {'graphs':>6} {'eager':>5} {'pool MiB':>9}"
+        f"{'row':40} {'ms/step':>8} {'speedup':>8} {'peak MiB':>9} {'graphs':>6} {'eager':>5} "
+        f"{'pool MiB':>9}"
     )
     for name, r in rows.items():
         base = rows["eager, T=256"]["ms"] if "T=256" in name else eager_var
         pool = f"{r['pool'] / 2**20:.1f}" if r.get("pool") else "-"
         print(
-            f"{name:40} {r['ms']:8.2f} {base / r['ms']:7.2f}x {r['peak_mib']:9.0f} {r.get('graphs', '-')!s:>6} {r.get('eager', '-')!s:>5} {pool:>9}"
+            f"{name:40} {r['ms']:8.2f} {base / r['ms']:7.2f}x {r['peak_mib']:9.0f} "
+            f"{r.get('graphs', '-')!s:>6} {r.get('eager', '-')!s:>5} {pool:>9}"
         )
     fixed_speedup = rows["eager, T=256"]["ms"] / rows["capture_step, T=256"]["ms"]
     bucketed = rows["capture_step buckets max_graphs=4"]
@@ -206,11 +209,13 @@ def main() -> int:
     )
     checks = [
         (
-            f"bucketed reaches >= 80% of the fixed-shape speedup ({share:.0%} of {fixed_speedup:.2f}x)",
+            f"bucketed reaches >= 80% of the fixed-shape speedup ({share:.0%} of "
+            f"{fixed_speedup:.2f}x)",
             share >= 0.8,
         ),
         (
-            f"bucketed beats every variable-length row ({bucketed['ms']:.2f} vs best other {min(others):.2f} ms)",
+            f"bucketed beats every variable-length row ({bucketed['ms']:.2f} vs best other "
+            f"{min(others):.2f} ms)",
             bucketed["ms"] < min(others),
         ),
         (

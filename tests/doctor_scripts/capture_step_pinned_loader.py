@@ -33,7 +33,8 @@ def main() -> None:
                 schedule.step()
             if rank == 0:
                 print(
-                    f"epoch {epoch}: loss {loss.item():.4f}, {step.state.value}, {step.stats.replays} replays"
+                    f"epoch {epoch}: loss {loss.item():.4f}, {step.state.value}, "
+                    f"{step.stats.replays} replays"
                 )
     ddpgraph.ddp.distributed.shutdown()
 

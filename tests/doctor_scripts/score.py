@@ -137,7 +137,8 @@ def table(scores: list[Score], machine: str) -> str:
     ]
     for s in scores:
         lines.append(
-            f"| {s.script} | {', '.join(s.expected) or 'nothing'} | {', '.join(s.found) or 'nothing'} "
+            f"| {s.script} | {', '.join(s.expected) or 'nothing'} | "
+            f"{', '.join(s.found) or 'nothing'} "
             f"| {s.right} | {s.wrong} | {s.missed} |"
         )
     t = totals(scores)

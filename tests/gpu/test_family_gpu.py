@@ -36,7 +36,8 @@ def test_bucketed_varlen_training_matches_eager(results: dict[str, list[dict[str
         # graph, a checkpoint loaded mid-run: expected bit for bit, promised to 1e-5.
         assert r["loss_rel_diff"] <= TOL and r["param_rel_diff"] <= TOL, r
         print(
-            f"rank {r['rank']}: bitwise={r['bitwise']} graphs={s['graphs']} replays={s['replays_per_graph']}"
+            f"rank {r['rank']}: bitwise={r['bitwise']} graphs={s['graphs']} "
+            f"replays={s['replays_per_graph']}"
         )
 
 
@@ -49,6 +50,7 @@ def test_family_pool_is_close_to_its_largest_graph(
         assert family["pool_bytes"] and largest["pool_bytes"], r
         ratio = family["pool_bytes"] / largest["pool_bytes"]
         print(
-            f"rank {r['rank']}: family pool {family['pool_bytes']} B, largest graph {largest['pool_bytes']} B, ratio {ratio:.2f}"
+            f"rank {r['rank']}: family pool {family['pool_bytes']} B, largest graph "
+            f"{largest['pool_bytes']} B, ratio {ratio:.2f}"
         )
         assert ratio <= 1.3, r

@@ -132,7 +132,8 @@ def test_how_far_the_own_sgd_update_is_from_the_fused_kernel() -> None:
         for a, b in zip(theirs, ours, strict=True)
     )
     _note(
-        f"foreach SGD (what the own update computes) against fused SGD after 20 steps: {worst:.3g} relative"
+        f"foreach SGD (what the own update computes) against fused SGD after 20 steps: {worst:.3g} "
+        "relative"
     )
 
 
@@ -314,5 +315,6 @@ def test_per_replay_cost_with_a_cycled_momentum() -> None:
                 group["lr"], group["betas"] = 1e-3 * (1 + i % 2), (0.85 + 0.01 * (i % 2), 0.999)
             assert safe.before_replay() is None
         _note(
-            f"before_replay with the own update, {label} changed: {(time.perf_counter() - start) / 2000 * 1e6:.2f} us"
+            f"before_replay with the own update, {label} changed: "
+            f"{(time.perf_counter() - start) / 2000 * 1e6:.2f} us"
         )

@@ -129,7 +129,8 @@ def test_compile_inside_the_whole_step_graph(results: Results) -> None:
 def test_reduce_overhead_for_comparison(results: Results) -> None:
     for r in ok(results["reduce_overhead"]):
         print(
-            f"rank {r['rank']}: reduce-overhead vs eager: {r['loss_rel_diff']:.2e} loss, {r['param_rel_diff']:.2e} params"
+            f"rank {r['rank']}: reduce-overhead vs eager: {r['loss_rel_diff']:.2e} loss, "
+            f"{r['param_rel_diff']:.2e} params"
         )
         assert r["state"] == "eager" and r["code"] is None
         assert "all-reduces" in r["description"]

@@ -62,7 +62,8 @@ def test_importable_module_name(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         (
             "gtp",
-            "expected one of gpt, mlp, resnet18, hf-gpt2, hf-llama, timm-vit, tv-resnet50, hf-bert, hf-moe, hf-moe-bf16, tv-syncbn, hf-gpt2-ckpt or MODULE:FACTORY, got 'gtp'",
+            "expected one of gpt, mlp, resnet18, hf-gpt2, hf-llama, timm-vit, tv-resnet50, "
+            "hf-bert, hf-moe, hf-moe-bf16, tv-syncbn, hf-gpt2-ckpt or MODULE:FACTORY, got 'gtp'",
         ),
         (":tiny", "expected MODULE:FACTORY with both parts"),
         ("no_such_module_here:make", "could not import `no_such_module_here`: ModuleNotFoundError"),

@@ -224,7 +224,8 @@ def _captured(name, info, workload, options, batches, steps, tick):  # type: ign
         else:
             result.note = ""
             result.name = (
-                f"{name} ({s.warmup_steps} warm-up, capture {1000 * (s.capture_seconds or 0):.0f} ms, "
+                f"{name} ({s.warmup_steps} warm-up, capture {1000 * (s.capture_seconds or 0):.0f} "
+                "ms, "
                 f"{s.replays} replays)"
             )
     return result

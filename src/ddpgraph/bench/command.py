@@ -92,19 +92,27 @@ def _what_runs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help=f"comma-separated built-in names (gpt, mlp, resnet18), presets ({', '.join(PRESETS)}) or MODULE:FACTORY (default: {DEFAULT_MODELS}; without CUDA, CPU-sized gpt and mlp)",
+        help=(
+            f"comma-separated built-in names (gpt, mlp, resnet18), presets ({', '.join(PRESETS)}) "
+            f"or MODULE:FACTORY (default: {DEFAULT_MODELS}; without CUDA, CPU-sized gpt and mlp)"
+        ),
     )
     parser.add_argument(
         "--batch-sizes",
         nargs="+",
         metavar="SIZES",
-        help="per-GPU batch sizes: `8,32` for every model, or `gpt=8,32 resnet18=32,128` (default: gpt 8,32; resnet18 32,128; mlp 64,256; others 8,32)",
+        help=(
+            "per-GPU batch sizes: `8,32` for every model, or `gpt=8,32 resnet18=32,128` "
+            "(default: gpt 8,32; resnet18 32,128; mlp 64,256; others 8,32)"
+        ),
     )
     parser.add_argument(
         "--strategies",
         default=None,
-        help="comma-separated strategies to run, by make_step's names (default: every available one; "
-        "see --list-strategies)",
+        help=(
+            "comma-separated strategies to run, by make_step's names "
+            "(default: every available one; see --list-strategies)"
+        ),
     )
 
 
@@ -125,7 +133,10 @@ def _how_long(parser: argparse.ArgumentParser, defaults: Settings) -> None:
         "--profile-steps",
         type=int,
         default=defaults.profile_steps,
-        help=f"steps profiled on rank 0 for GPU busy; 0 turns profiling off (default: {defaults.profile_steps})",
+        help=(
+            "steps profiled on rank 0 for GPU busy; 0 turns profiling off "
+            f"(default: {defaults.profile_steps})"
+        ),
     )
     parser.add_argument(
         "--data-loader",
@@ -170,12 +181,18 @@ def _where_and_output(parser: argparse.ArgumentParser) -> None:
         "--seq-lens",
         default=None,
         metavar="LOW:HIGH",
-        help="the variable-sequence-length case: each step's length drawn uniformly from LOW..HIGH (seeded), for sequence models (gpt, hf-gpt2, hf-llama, token factories)",
+        help=(
+            "the variable-sequence-length case: each step's length drawn uniformly from "
+            "LOW..HIGH (seeded), for sequence models (gpt, hf-gpt2, hf-llama, token factories)"
+        ),
     )
     parser.add_argument(
         "--buckets",
         default=None,
-        help="bucket lengths for --seq-lens, e.g. 176,288,400,512 (default: the quartiles of LOW..HIGH, rounded up to a multiple of 8)",
+        help=(
+            "bucket lengths for --seq-lens, e.g. 176,288,400,512 "
+            "(default: the quartiles of LOW..HIGH, rounded up to a multiple of 8)"
+        ),
     )
     parser.add_argument(
         "--cpu", action="store_true", help="run on CPU processes even if CUDA is available"
@@ -223,9 +240,11 @@ def slow_runs(plan: Plan, args: argparse.Namespace) -> list[str]:
         big = [m.name for m in plan.models if m.name in PRESETS]
         if big:
             said.append(
-                f"{', '.join(big)} {'is a' if len(big) == 1 else 'are'} GPU-sized model{'s' if len(big) > 1 else ''} "
-                "and there is no GPU here: on CPU processes every row takes minutes (leave --model out "
-                "for the CPU-sized defaults, which check the setup in about a minute)"
+                f"{', '.join(big)} {'is a' if len(big) == 1 else 'are'} "
+                f"GPU-sized model{'s' if len(big) > 1 else ''} "
+                "and there is no GPU here: on CPU processes every row takes minutes "
+                "(leave --model out for the CPU-sized defaults, "
+                "which check the setup in about a minute)"
             )
     return [s for s in said if s]
 
@@ -373,6 +392,9 @@ def publish(report: Report, json_path: str | None, plot_path: str | None) -> Non
             why = (
                 "without CUDA the captures are emulated on CPU, whose times are no GPU speed-up"
                 if report.emulated
-                else "nothing was captured (an eager row's speedup is noise), or eager DDP did not run"
+                else (
+                    "nothing was captured (an eager row's speedup is noise), "
+                    "or eager DDP did not run"
+                )
             )
             print(f"{plot_path} has no lines: {why}.", file=sys.stderr)

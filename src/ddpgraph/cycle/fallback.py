@@ -96,5 +96,8 @@ def awaiting_decision(finding: Finding, decided_at: int) -> Finding:
     rank runs the step eagerly meanwhile)."""
     return replace(
         finding,
-        happened=f"{finding.happened}; this rank runs the step eagerly until the ranks decide together, at call {decided_at}",
+        happened=(
+            f"{finding.happened}; this rank runs the step eagerly until the ranks decide together, "
+            f"at call {decided_at}"
+        ),
     )

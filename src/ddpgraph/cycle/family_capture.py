@@ -47,7 +47,10 @@ from .fallback import fall_back
 from .step_state import Captured
 
 R = TypeVar("R")
-_FAILED = "Calls with that input signature run eagerly on the ranks where its capture failed; the other graphs stay."
+_FAILED = (
+    "Calls with that input signature run eagerly on the ranks where its capture failed; the other "
+    "graphs stay."
+)
 
 
 class FamilySteps(CaptureEngine[R]):

@@ -48,7 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
-        help=f"stop the script after this many seconds and report where each rank was (default: {DEFAULT_TIMEOUT_S:g})",
+        help=(
+            "stop the script after this many seconds and report where each rank was (default: "
+            f"{DEFAULT_TIMEOUT_S:g})"
+        ),
     )
     parser.add_argument(
         "script", nargs="?", help="the training script, as you would pass it to torchrun"

@@ -66,7 +66,10 @@ class ThreadCall:
 
     def describe(self) -> str:
         if self.loader_at is not None:
-            who = f"the pin-memory thread of the DataLoader built at {self.loader_at} (`{self.thread}`)"
+            who = (
+                f"the pin-memory thread of the DataLoader built at {self.loader_at} "
+                f"(`{self.thread}`)"
+            )
         else:
             who = f"thread `{self.thread}`" + (f" (running `{self.target}`)" if self.target else "")
         at = f" at {self.where}" if self.where is not None else ""

@@ -111,7 +111,8 @@ def cross_rank_findings(run: RunResult, timeout_s: float, *, own_findings: bool)
             return [
                 Finding(
                     Code.SCRIPT_FAILED,
-                    f"every rank finished the script, but torchrun exited with status {run.exit_code}",
+                    "every rank finished the script, but torchrun exited with status "
+                    f"{run.exit_code}",
                     ranks=tuple(r.rank for r in records),
                 )
             ]
@@ -176,7 +177,8 @@ def ranks_disagree(records: list[RankRecord]) -> Finding | None:
     return Finding(
         Code.CAPTURE_RANKS_DISAGREE,
         f"the ranks captured DDP graphs or synchronised gradients a different number of times "
-        f"({told}); a replay's all-reduce then pairs with another rank's eager one, or waits forever",
+        f"({told}); a replay's all-reduce then pairs with another rank's eager one, or waits "
+        "forever",
         subject="capture and replay",
         location=where,
         ranks=tuple(sorted(behind)),
@@ -247,7 +249,10 @@ def _ranks_table(records: list[RankRecord]) -> Table:
 def render(report: DoctorReport, console: Console) -> None:
     name = show_path(report.script)
     run = report.run
-    head = f"ddpgraph doctor: {name} on {report.nproc} rank{'s' if report.nproc != 1 else ''}, {run.elapsed_s:.1f} s"
+    head = (
+        f"ddpgraph doctor: {name} on {report.nproc} rank{'s' if report.nproc != 1 else ''}, "
+        f"{run.elapsed_s:.1f} s"
+    )
     console.print(Text(head, style="bold"))
     if report.unchecked:
         console.print(Group(*(_finding_panel(f) for f in report.findings)))

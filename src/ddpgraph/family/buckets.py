@@ -32,7 +32,8 @@ def choose_buckets(lengths: Iterable[int], count: int = 4, multiple: int = 64) -
     if not seen or count < 1 or multiple < 1:
         raise usage_error(
             "`choose_buckets`",
-            f"expected some lengths, count >= 1 and multiple >= 1, got {len(seen)} lengths, count={count}, multiple={multiple}",
+            f"expected some lengths, count >= 1 and multiple >= 1, got {len(seen)} lengths, "
+            f"count={count}, multiple={multiple}",
             "pass the lengths of a sample of batches",
         )
     picks = [seen[min(len(seen) - 1, -(-len(seen) * (i + 1) // count) - 1)] for i in range(count)]

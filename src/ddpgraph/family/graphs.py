@@ -55,19 +55,23 @@ def check_family(api: str, max_graphs: object, beyond: object, on_input_change: 
         raise usage_error(
             f"`{api}(max_graphs=...)`",
             f"expected an int >= 1, got {max_graphs!r}",
-            "leave it out for one graph, or pass the number of input shapes to keep graphs for (e.g. the number of length buckets)",
+            "leave it out for one graph, or pass the number of input shapes to keep graphs for "
+            "(e.g. the number of length buckets)",
         )
     if beyond not in BEYOND_MAX_GRAPHS:
         raise usage_error(
             f"`{api}(beyond_max_graphs=...)`",
             f"expected 'evict' or 'eager', got {beyond!r}",
-            "'evict' releases the least recently used graph for a new signature; 'eager' runs further signatures eagerly",
+            "'evict' releases the least recently used graph for a new signature; 'eager' runs "
+            "further signatures eagerly",
         )
     if max_graphs > 1 and on_input_change == "raise":
         raise usage_error(
             f"`{api}(max_graphs={max_graphs}, on_input_change='raise')`",
-            "a family of graphs adds a graph for a new input signature, which `on_input_change='raise'` refuses",
-            "use `on_input_change='eager'` with `max_graphs`, or `max_graphs=1` to refuse new signatures",
+            "a family of graphs adds a graph for a new input signature, which "
+            "`on_input_change='raise'` refuses",
+            "use `on_input_change='eager'` with `max_graphs`, or `max_graphs=1` to refuse new "
+            "signatures",
         )
 
 

@@ -164,7 +164,10 @@ class ValueChecks:
 
         def done(watch: ValueWatch) -> None:
             when = f"at capture, and at call {calls}"
-            later = "the replays before this call used the value of the recorded call; the step is captured again"
+            later = (
+                "the replays before this call used the value of the recorded call; the step is "
+                "captured again"
+            )
             found = _findings(watch, [], when, later)
             if found:
                 self._held = Report(found[0], self._action)

@@ -152,7 +152,10 @@ class Signature:
         for name, want, got in zip(self.paths, self.leaves, leaves, strict=True):
             if isinstance(want, TensorMeta):
                 if not isinstance(got, torch.Tensor):
-                    return f"input `{name}` changed from a tensor {want} to {type(got).__name__} {got!r}"
+                    return (
+                        f"input `{name}` changed from a tensor {want} to {type(got).__name__} "
+                        f"{got!r}"
+                    )
                 if not want.matches(got):
                     return f"input `{name}` changed from {want} to {TensorMeta.of(got)}"
             elif not _same_constant(want, got):

@@ -175,7 +175,10 @@ def baked_finding(changes: list[HyperparamChange], optimizer: Optimizer) -> Find
             f"`{change.key}[{update.element}]`" if update.element is not None else f"`{change.key}`"
         )
         rest = f"the rest of `{change.key}`" if update.element is not None else "whether it is zero"
-        why = f"ddpgraph's own update for {name} reads {read} from a tensor; {rest} is a Python number in the graph"
+        why = (
+            f"ddpgraph's own update for {name} reads {read} from a tensor; {rest} is a Python "
+            "number in the graph"
+        )
     else:
         why = (
             f"this PyTorch's graph-safe {name} reads `{change.key}` only as a Python number "

@@ -58,12 +58,15 @@ def _transformers_expert_routing(module: torch.nn.Module) -> str | None:
         return None
     if implementation == "eager":
         return (
-            f'`{type(module).__name__}` routes tokens with `experts_implementation="eager"`, a loop over '
-            'the experts that received tokens; build the model with `experts_implementation="grouped_mm"` '
+            f'`{type(module).__name__}` routes tokens with `experts_implementation="eager"`, a '
+            "loop over "
+            "the experts that received tokens; build the model with "
+            '`experts_implementation="grouped_mm"` '
             "(transformers' default), which routes in fixed shapes"
         )
     return (
-        f'`{type(module).__name__}` routes tokens with `experts_implementation="grouped_mm"`, whose CUDA '
+        f'`{type(module).__name__}` routes tokens with `experts_implementation="grouped_mm"`, '
+        "whose CUDA "
         "kernel reads the group offsets on the host unless the activations and the expert weights "
         "are both bf16: train the model in bf16 (`model.to(torch.bfloat16)`), or build it with "
         '`experts_implementation="batched_mm"` (fixed shapes, with memory for each token\'s '

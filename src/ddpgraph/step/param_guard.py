@@ -84,7 +84,10 @@ class ParamLayout:
                 what = f"parameter {i} ({tuple(p.shape)}) now has requires_grad={p.requires_grad}"
                 break
             if p.data_ptr() != ptr:
-                what = f"parameter {i} ({tuple(p.shape)}, {str(p.dtype).replace('torch.', '')}) now lives in other storage"
+                what = (
+                    f"parameter {i} ({tuple(p.shape)}, {str(p.dtype).replace('torch.', '')}) now "
+                    "lives in other storage"
+                )
                 break
         return Finding(
             Code.PARAMETERS_CHANGED,

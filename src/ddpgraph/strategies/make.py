@@ -47,7 +47,8 @@ class StrategyInfo:
 STRATEGIES: tuple[StrategyInfo, ...] = (
     StrategyInfo(
         "whole",
-        "the whole step (forward, backward with DDP's all-reduce, optimizer step) as one CUDA graph: `capture_step`",
+        "the whole step (forward, backward with DDP's all-reduce, optimizer step) as one CUDA "
+        "graph: `capture_step`",
         True,
         False,
     ),

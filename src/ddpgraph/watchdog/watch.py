@@ -118,7 +118,8 @@ def refuse_torch_save(finding: Finding) -> None:
             Finding(
                 Code.REPLAY_TIMED_OUT,
                 "`torch.save` was refused: a replay timed out and its collectives were "
-                f"aborted, so this process's tensors are not a state training reached ({finding.happened})",
+                "aborted, so this process's tensors are not a state training reached "
+                f"({finding.happened})",
                 subject="`torch.save`",
                 ranks=finding.ranks,
             )
@@ -281,7 +282,8 @@ class ReplayWatchdog:
         while self._in_checkpoint(self._trainer):
             if self._clock() >= give_up:
                 self._end(
-                    f"the training thread is still in `torch.save` after {self.checkpoint_wait_s:g} s, "
+                    "the training thread is still in `torch.save` after "
+                    f"{self.checkpoint_wait_s:g} s, "
                     "waiting for the late replay; ending without abort, so that the checkpoint "
                     "stays incomplete (torch.load rejects it) rather than holding aborted values"
                 )
