@@ -6,9 +6,10 @@ Face Accelerate's `accelerator.prepare(...)`. GPU only.
     torchrun --nproc_per_node=2 scripts/probes/integrations_speed.py  # two
 
 Models: ddpgraph's demo TinyGPT (T=128, vocab 1000), and a transformers GPT-2 (6 layers,
-d=384, T=256, vocab 8192) built from a config when transformers is installed. Batch 8 per GPU, bf16 autocast, AdamW. The
-eager runs use the same graph-safe optimizer as the captured ones. Prints one table on
-rank 0; a run whose step was not captured says why instead of a speedup.
+d=384, T=256, vocab 8192) built from a config when transformers is installed. Batch 8 per
+GPU, bf16 autocast, AdamW. The eager runs use the same graph-safe optimizer as the
+captured ones. Prints one table on rank 0; a run whose step was not captured says why
+instead of a speedup.
 """
 
 from __future__ import annotations

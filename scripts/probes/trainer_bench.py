@@ -1,11 +1,13 @@
 """`transformers.Trainer` three ways, side by side in one process: plain Trainer as
 written, plain Trainer with its optimizer in ddpgraph's graph-safe mode (the eager
 reference, `ddpgraph.integrations.transformers.GraphSafeReference`), and
-`ddpgraph.integrations.transformers.CUDAGraphTrainer`; on the hf-gpt2 and hf-llama bench presets.
+`ddpgraph.integrations.transformers.CUDAGraphTrainer`; on the hf-gpt2 and hf-llama bench
+presets.
 
     torchrun --standalone --nproc_per_node=1 scripts/probes/trainer_bench.py --json OUT.json
-    torchrun --standalone --nproc_per_node=1 scripts/probes/trainer_bench.py --cpu --steps 16 --models tiny
-                                                    # the CPU check of this script
+    # the CPU check of this script:
+    torchrun --standalone --nproc_per_node=1 scripts/probes/trainer_bench.py \\
+        --cpu --steps 16 --models tiny
 
 Trainer's defaults (AdamW fused, a DataLoader with pinned memory, `logging_nan_inf_filter`)
 plus: batch 8 per process, bf16, cosine schedule with 5 warm-up steps, clipping at 1.0,

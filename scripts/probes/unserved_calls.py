@@ -1,6 +1,7 @@
 """What a call the one captured graph cannot serve costs, against an eager DDP step.
 
-    torchrun --standalone --nproc_per_node=1 scripts/probes/unserved_calls.py   # one GPU, about 40 s
+    # one GPU, about 40 s:
+    torchrun --standalone --nproc_per_node=1 scripts/probes/unserved_calls.py
 
 A transformers GPT-2 124M (the `hf-gpt2` preset, batch 8, bf16 autocast, AdamW) trained on
 30 lengths drawn from 64..512, three ways in one process, in turns: eager DDP; eager DDP

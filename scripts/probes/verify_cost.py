@@ -1,10 +1,12 @@
 """What watching a step for frozen Python values costs: at warm-up, and per check call
 after capture (`capture_step(verify_every=N)`), per model.
 
+    # one GPU, about 3 min:
     torchrun --standalone --nproc_per_node=1 scripts/probes/verify_cost.py \\
-        --model hf-gpt2,hf-llama,timm-vit,tv-resnet50 --json $OUT/verify_cost.json    # one GPU, about 3 min
+        --model hf-gpt2,hf-llama,timm-vit,tv-resnet50 --json $OUT/verify_cost.json
+    # CPU, recording backend:
     PYTHONPATH=src torchrun --standalone --nproc_per_node=1 scripts/probes/verify_cost.py \\
-        --model gpt --batch 8                                                         # CPU, recording backend
+        --model gpt --batch 8
 
 Per model (batch `--batch`, bf16 autocast and AdamW on a GPU; fused AdamW and the recording
 backend on CPU), in one process, each step synchronised after every call:

@@ -3,7 +3,8 @@
 processes with the stand-in backend (tests/dist/test_lightning_gloo.py), or one process
 per GPU with CUDA graphs (tests/gpu/test_lightning_gpu.py).
 
-The run without the callback makes its optimizer graph-safe too, so both runs do the same arithmetic and must agree bit for bit.
+The run without the callback makes its optimizer graph-safe too, so both runs do the same
+arithmetic and must agree bit for bit.
 Lightning joins the process group the harness opened (torchrun's variables).
 """
 

@@ -1,5 +1,5 @@
-"""`transformers.Trainer` against `ddpgraph.integrations.transformers.CUDAGraphTrainer`, from the same
-state and data: a GPT-2 from a transformers config (no download), Trainer's own
+"""`transformers.Trainer` against `ddpgraph.integrations.transformers.CUDAGraphTrainer`,
+from the same state and data: a GPT-2 from a transformers config (no download), Trainer's own
 DataLoader, AdamW (fused, its default), linear or cosine schedule with warm-up,
 clipping, logging every `logging_steps`, evaluation and checkpoints. On gloo CPU
 processes (`use_cpu=True`) with the recording backend (tests/dist/test_trainer_gloo.py),

@@ -35,7 +35,8 @@ def record(
     replays: int = 10,
     steps: int | None = None,
 ) -> RankRecord:
-    """`steps`: the DDP gradient synchronisations (default: 11 warm-up ones, then one per replay)."""
+    """`steps`: the DDP gradient synchronisations (default: 11 warm-up ones, then one per
+    replay)."""
     counts = GraphCounts(captured, 0, replays, CAPTURE_AT if captured else None)
     synced = 11 + replays if steps is None else steps
     return RankRecord(

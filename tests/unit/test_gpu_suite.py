@@ -137,11 +137,16 @@ def _summary(tmp_path: Path, stage: str, rc: int) -> str:
     return done.stdout
 
 
-JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
-failures="1" skipped="1" tests="3" time="530.1"><testcase classname="tests.gpu.test_core_gpu" name="test_a"
-time="1"/><testcase classname="tests.gpu.test_core_gpu" name="test_b" time="1"><failure message="x"/></testcase>
-<testcase classname="tests.gpu.test_core_gpu" name="test_c" time="0"><skipped message="compares two ranks"/>
-</testcase></testsuite></testsuites>"""
+JUNIT = (
+    '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"\n'
+    'failures="1" skipped="1" tests="3" time="530.1"><testcase '
+    'classname="tests.gpu.test_core_gpu" name="test_a"\n'
+    'time="1"/><testcase classname="tests.gpu.test_core_gpu" name="test_b" time="1"><failure '
+    'message="x"/></testcase>\n'
+    '<testcase classname="tests.gpu.test_core_gpu" name="test_c" time="0"><skipped '
+    'message="compares two ranks"/>\n'
+    "</testcase></testsuite></testsuites>"
+)
 
 
 def test_summary_of_a_test_stage_stopped_by_its_limit(tmp_path: Path) -> None:

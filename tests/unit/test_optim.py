@@ -1,4 +1,5 @@
-"""`graph_safe_optimizer` (the conversion for good): refusals, the learning rate in a tensor; the LR_BAKED finding."""
+"""`graph_safe_optimizer` (the conversion for good): refusals, the learning rate in a
+tensor; the LR_BAKED finding."""
 
 from __future__ import annotations
 

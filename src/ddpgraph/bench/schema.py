@@ -15,10 +15,11 @@
 `status` is "ok", "failed" (with the error in `reason`) or "skipped" (with why). A
 feed's `speedup` is over `eager` with the same feed; `gpu_busy` is the fraction of the
 step during which any kernel, copy or memset runs (1.0 is 100%; in version 1 it was summed
-kernel time over step time, which counts overlapping streams twice). `gpu_timeline` (rank 0, from the profiled steps) says where a step's time goes:
-`active_ms_per_step` with any kernel, copy or memset running, `idle_ms_per_step` with none,
-and the idle gaps (`gaps_per_step`, `median_gap_us`, `p90_gap_us`, `max_gap_us`,
-`short_gaps_ms_per_step`: the idle time in gaps of at most `short_gap_us`).
+kernel time over step time, which counts overlapping streams twice). `gpu_timeline`
+(rank 0, from the profiled steps) says where a step's time goes: `active_ms_per_step` with
+any kernel, copy or memset running, `idle_ms_per_step` with none, and the idle gaps
+(`gaps_per_step`, `median_gap_us`, `p90_gap_us`, `max_gap_us`, `short_gaps_ms_per_step`:
+the idle time in gaps of at most `short_gap_us`).
 A result's `varlen` (the variable-length case, `--seq-lens`) holds its `role` (variable,
 bucketed, fixed, pool_reference), `family`, `lengths`, `buckets`, and for capture_step rows
 `graphs_held`, `captures`, `replays`, `eager_steps`, `eager_after_warmup`, `pool_mib`;

@@ -15,12 +15,12 @@ by `ddpgraph.pad_to_bucket`: inputs with 0, labels with -100, which cross-entrop
 `ignore_index` leaves out of the loss, so padding changes no loss (a user's loss must
 ignore -100 labels too, as `F.cross_entropy` does by default).
 
-Default buckets: what `ddpgraph.family.buckets.choose_buckets` picks for the lengths the steps draw from,
-four quartiles of LOW..HIGH rounded up to a multiple of 8 (at most HIGH): 64:512 gives
-176,288,400,512, a quarter of the range wide each, so a padded batch is on average an
-eighth of the range longer than its own (56 tokens at 64:512). HIGH and its halves
-(64,128,256,512) pad a batch by a third of its length on average there, which a step that
-keeps the GPU busy pays in full: `whole+buckets` on `hf-gpt2` reached 73% of the
+Default buckets: what `ddpgraph.family.buckets.choose_buckets` picks for the lengths the
+steps draw from, four quartiles of LOW..HIGH rounded up to a multiple of 8 (at most HIGH):
+64:512 gives 176,288,400,512, a quarter of the range wide each, so a padded batch is on
+average an eighth of the range longer than its own (56 tokens at 64:512). HIGH and its
+halves (64,128,256,512) pad a batch by a third of its length on average there, which a
+step that keeps the GPU busy pays in full: `whole+buckets` on `hf-gpt2` reached 73% of the
 fixed-shape speedup with them (docs/gpu-runs.md, run 33).
 """
 

@@ -4,12 +4,11 @@ Per model and batch size, the summary holds the three targets of the case:
 
 * `share_of_fixed_speedup`: `whole+buckets`' speedup as a fraction of the fixed-shape
   speedup (`whole` at the fixed mean length, `fixed_speedup`), both over the same
-  variable-length eager run: the time of the fixed-shape graph over the bucketed one's. A launch-bound eager
-  step launches the same kernels at any length, so its run at the fixed length would
-  only add its own noise (24.1 against 16.9 ms on one H200, run 27);
-  `fixed_speedup_over_fixed_eager` and `share_against_fixed_eager` hold the ratios
-  against that run as well;
-  the target is at least `SHARE_TARGET`;
+  variable-length eager run: the time of the fixed-shape graph over the bucketed one's. A
+  launch-bound eager step launches the same kernels at any length, so its run at the fixed
+  length would only add its own noise (24.1 against 16.9 ms on one H200, run 27);
+  `fixed_speedup_over_fixed_eager` and `share_against_fixed_eager` hold the ratios against
+  that run as well; the target is at least `SHARE_TARGET`;
 * `beats_all`: `whole+buckets` is faster than every alternative on variable lengths
   (the rows that take each batch at its own length: eager, reduce-overhead, one graph);
   the bucketed rows are its own variants (`compile+buckets` is the same family around

@@ -215,7 +215,8 @@ class Instrumentation:
     ) -> Any:
         self._handling_at_begin = sys.exc_info()[1]
         where = user_location()
-        # `capture_begin(pool=None, capture_error_mode="global", ...)`, as torch.cuda.graph calls it.
+        # `capture_begin(pool=None, capture_error_mode="global", ...)`, as torch.cuda.graph
+        # calls it.
         mode = str(
             kwargs.get("capture_error_mode", args[1] if len(args) > 1 else TORCH_DEFAULT_MODE)
         )

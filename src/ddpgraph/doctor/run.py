@@ -2,9 +2,10 @@
 
 torchrun stays the launcher: the doctor starts it with `-m ddpgraph.doctor.worker` in
 place of the script, in a session of its own, and stops the whole job (torchrun, its
-workers, their children: `app.job`) when the time runs out or the doctor is interrupted. Before stopping a job that ran out of time, it asks every rank still
-running for its Python stacks (faulthandler, which answers even from inside a
-collective), so the report can say where each rank was waiting.
+workers, their children: `app.job`) when the time runs out or the doctor is interrupted.
+Before stopping a job that ran out of time, it asks every rank still running for its
+Python stacks (faulthandler, which answers even from inside a collective), so the report
+can say where each rank was waiting.
 """
 
 from __future__ import annotations

@@ -118,9 +118,10 @@ def _loop_refusal(trainer: Trainer, model: nn.Module) -> Finding | None:
     if args.torch_empty_cache_steps is not None:
         return _unsupported(
             f"`torch_empty_cache_steps={args.torch_empty_cache_steps}` empties the memory cache "
-            "inside "
-            "`training_step` on steps counted in Python, which a replay neither counts nor runs",
-            "leave `torch_empty_cache_steps` out: a captured update allocates nothing after capture",
+            "inside `training_step` on steps counted in Python, "
+            "which a replay neither counts nor runs",
+            "leave `torch_empty_cache_steps` out: "
+            "a captured update allocates nothing after capture",
         )
     if args.auto_find_batch_size:
         return _unsupported(

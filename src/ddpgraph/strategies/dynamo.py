@@ -49,7 +49,8 @@ def fusion_spec(mode: str | None, backend: str, subject: str) -> CompileSpec:
             subject,
             f"expected a compile mode that makes no CUDA graphs of its own, got {mode!r}",
             "use compile_mode='default' or 'max-autotune-no-cudagraphs' (ddpgraph captures the "
-            "whole step itself), or strategy='reduce-overhead' to let torch.compile make the graphs",
+            "whole step itself), "
+            "or strategy='reduce-overhead' to let torch.compile make the graphs",
         )
     if mode not in FUSION_MODES:
         raise usage_error(

@@ -36,7 +36,8 @@ DEFAULT_CANDIDATES: tuple[StrategyName, ...] = ("eager", "whole", "partial", "co
 
 @dataclass(frozen=True)
 class StrategyInfo:
-    """A strategy's name (one of `names.StrategyName`), what it does in one line, and what it needs."""
+    """A strategy's name (one of `names.StrategyName`), what it does in one line, and what
+    it needs."""
 
     name: StrategyName
     summary: str
@@ -54,7 +55,8 @@ STRATEGIES: tuple[StrategyInfo, ...] = (
     ),
     StrategyInfo(
         "compile",
-        "the model compiled by inductor for fusion only, the whole step around it as one CUDA graph",
+        "the model compiled by inductor for fusion only, "
+        "the whole step around it as one CUDA graph",
         True,
         True,
     ),

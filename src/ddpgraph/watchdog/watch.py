@@ -7,12 +7,13 @@ graphed job whose peer never arrives would wait silently, forever.
 After each replay the training thread records a CUDA event on the replay stream and
 appends it to a queue: no host synchronisation, no lock, a few microseconds. A daemon
 thread polls only the oldest pending event with `query()`, which never waits and never
-touches the capture stream. It may query while the training thread records another
-graph (a new input signature of a family, a re-capture): ddpgraph records in CUDA's
+touches the capture stream. It may query while the training thread records another graph
+(a new input signature of a family, a re-capture): ddpgraph records in CUDA's
 "thread_local" capture mode (`capture_mode`), where another thread's query of an event
-recorded before the capture cannot invalidate it. A replay is late when it has not finished `timeout_s` after it
-could start (the later of its launch and the previous replay's end, since the host may
-run ahead of the GPU by many replays). Then, on the rank that sees it:
+recorded before the capture cannot invalidate it. A replay is late when it has not
+finished `timeout_s` after it could start (the later of its launch and the previous
+replay's end, since the host may run ahead of the GPU by many replays). Then, on the rank
+that sees it:
 
 - "report": the finding (code REPLAY_TIMED_OUT, naming the step, the replay, how long it
   waited, and what the other ranks last published to the job's store) goes to the log and
