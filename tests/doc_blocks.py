@@ -250,8 +250,8 @@ def run_commands(block: Block, cwd: Path, env: dict[str, str], timeout: float = 
         )
         if done.returncode != 0:
             return (
-                f"{block.name}: `{command}` exited "
-                f"{done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+                f"{block.name}: `{command}` exited {done.returncode}\n{done.stdout[-3000:]}\n"
+                f"{done.stderr[-3000:]}"
             )
     return ""
 

@@ -172,8 +172,8 @@ class Batch:
         missing = [
             {
                 "error": (
-                    "the shared launch did not finish, or left this module out (see the first test "
-                    "that used it)"
+                    "the shared launch did not finish, or left this module out "
+                    "(see the first test that used it)"
                 )
             }
         ]

@@ -220,8 +220,8 @@ def main() -> None:
             rows.append((model_name, run_name, eager, graphed, note))
     if info.is_main:
         print(
-            f"world size {info.world_size}, torch {torch.__version__}, batch {BATCH}, bf16, "
-            f"ms/step over {TIMED} steps"
+            f"world size {info.world_size}, torch {torch.__version__}, batch {BATCH}, "
+            f"bf16, ms/step over {TIMED} steps"
         )
         print(f"{'model':<9}{'built by':<12}{'eager':>8}{'captured':>10}{'speedup':>9}  note")
         for model_name, run_name, eager, graphed, note in rows:

@@ -323,8 +323,8 @@ def main() -> int:
         c for c in checks if not c["captured"]
     ]
     print(
-        f"\n{'FAIL' if failed else 'PASS'}: {len(failed)} of {len(rows) + len(checks)} rows did "
-        "not capture"
+        f"\n{'FAIL' if failed else 'PASS'}: {len(failed)} of {len(rows) + len(checks)} "
+        "rows did not capture"
     )
     dist.destroy_process_group()
     return 1 if failed else 0

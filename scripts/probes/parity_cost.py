@@ -76,13 +76,13 @@ def main() -> None:
     run.run(lambda: None, lambda: None)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     print(
-        f"model: {args.layers + 1} linear layers of width {args.width}, {param_bytes / 2**20:.1f} "
-        "MiB of parameters, AdamW"
+        f"model: {args.layers + 1} linear layers of width {args.width}, "
+        f"{param_bytes / 2**20:.1f} MiB of parameters, AdamW"
     )
     print(
         f"capturing call: {plain * 1e3:.1f} ms without the check, {checked * 1e3:.1f} ms with it "
-        f"(+{(checked - plain) * 1e3:.1f} ms, {(checked - plain) / one_step:.1f} eager steps of "
-        f"{one_step * 1e3:.1f} ms)"
+        f"(+{(checked - plain) * 1e3:.1f} ms, {(checked - plain) / one_step:.1f} "
+        f"eager steps of {one_step * 1e3:.1f} ms)"
     )
     print(
         f"held during the check: {run.saved_bytes / 2**20:.1f} MiB = "

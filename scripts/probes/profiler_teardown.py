@@ -74,10 +74,9 @@ def main() -> None:
     after_graphs = ms_per_step()
 
     print(
-        f"TEARDOWN_CUPTI={os.environ.get('TEARDOWN_CUPTI')}: ms per eager step before any profile "
-        f"{before[0]:.2f}, {before[1]:.2f}; after one profile {after_one[0]:.2f}, "
-        f"{after_one[1]:.2f}; "
-        f"after two more with a CUDA graph {after_graphs:.2f}"
+        f"TEARDOWN_CUPTI={os.environ.get('TEARDOWN_CUPTI')}: ms per eager step before any "
+        f"profile {before[0]:.2f}, {before[1]:.2f}; after one profile {after_one[0]:.2f}, "
+        f"{after_one[1]:.2f}; after two more with a CUDA graph {after_graphs:.2f}"
     )
 
 

@@ -171,12 +171,12 @@ def main() -> None:
                 rows.append({k: v for k, v in r.items() if k != "params"})
     if info.is_main:
         print(
-            f"world size {info.world_size}, torch {torch.__version__}, batch {BATCH}, bf16, "
-            f"{opts.steps} steps"
+            f"world size {info.world_size}, torch {torch.__version__}, batch {BATCH}, "
+            f"bf16, {opts.steps} steps"
         )
         print(
-            "| model | logging_nan_inf_filter | plain ms | ddpgraph ms | speedup | captured vs "
-            "reference | reference vs plain | state |"
+            "| model | logging_nan_inf_filter | plain ms | ddpgraph ms | speedup | "
+            "captured vs reference | reference vs plain | state |"
         )
         print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
         for r in rows:
@@ -203,9 +203,8 @@ def main() -> None:
             vs_plain = f"{ref['vs_plain']:.2e}" if ref else "-"
             print(
                 f"| {r['model']} | {r['nan_filter']} | {plain['ms_per_step']:.2f} | "
-                f"{r['ms_per_step']:.2f} | "
-                f"{r['speedup']:.2f}x | {vs_reference} | {vs_plain} | {r['state']} "
-                f"{r['stats'].get('replays', 0)} replays |"
+                f"{r['ms_per_step']:.2f} | {r['speedup']:.2f}x | {vs_reference} | {vs_plain} "
+                f"| {r['state']} {r['stats'].get('replays', 0)} replays |"
             )
             if r["reason"]:
                 print(f"  {r['model']}: {r['reason']}")

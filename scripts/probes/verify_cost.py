@@ -165,12 +165,10 @@ def main() -> None:
             if row["not_captured"]:
                 print(f"{name}: not captured: {row['not_captured']}", flush=True)
             print(
-                f"{name}: {row['torch_calls_per_step']} torch calls per step; eager "
-                f"{row['eager_ms']:.2f} ms, watched "
-                f"{row['watched_eager_ms']:.2f} ms ({row['watch_us_per_call']:.2f} us per call); "
-                "replay "
-                f"{row['replay_ms']:.2f} ms, check {row['check_ms']:.2f} ms ({row['checks']} "
-                "checks); "
+                f"{name}: {row['torch_calls_per_step']} torch calls per step; "
+                f"eager {row['eager_ms']:.2f} ms, watched {row['watched_eager_ms']:.2f} ms "
+                f"({row['watch_us_per_call']:.2f} us per call); replay {row['replay_ms']:.2f} ms, "
+                f"check {row['check_ms']:.2f} ms ({row['checks']} checks); "
                 f"verify_every=100 costs {row['cost_at_100'] * 100:.2f}% of step time",
                 flush=True,
             )

@@ -152,8 +152,8 @@ class CaptureOptions:
             raise usage_error(
                 f"`{api}(verify_every=...)`",
                 f"expected an int >= 1 or None, got {verify!r}",
-                "pass how many calls apart to check the step's Python values (100, say), or None "
-                "not to check",
+                "pass how many calls apart to check the step's Python values "
+                "(100, say), or None not to check",
             )
         every = self.agree_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -179,10 +179,10 @@ class CaptureOptions:
             got = repr(b) if isinstance(b, str) else f"a {type(b).__name__}"
             raise usage_error(
                 f"`{api}(backend=...)`",
-                "expected a graph backend object (`capture`, `name`, `executes_during_capture`), "
-                f"got {got}",
-                "leave it out to use CUDA graphs on a GPU, or pass `ddpgraph.PassThroughBackend()` "
-                "to run on CPU",
+                "expected a graph backend object (`capture`, `name`, "
+                f"`executes_during_capture`), got {got}",
+                "leave it out to use CUDA graphs on a GPU, "
+                "or pass `ddpgraph.PassThroughBackend()` to run on CPU",
             )
 
     def _check_scaler(self, api: str) -> None:
@@ -193,8 +193,7 @@ class CaptureOptions:
                 Finding(
                     Code.GRAD_SCALER_IN_CAPTURE,
                     f"expected a ddpgraph.GraphSafeGradScaler, got {type(self.scaler).__name__}, "
-                    "which "
-                    "reads its found-inf flag on the host in `step` and `update`",
+                    "which reads its found-inf flag on the host in `step` and `update`",
                     "use `ddpgraph.GraphSafeGradScaler()`: the same arguments and methods, "
                     "decided on the device",
                     subject=f"`{api}(scaler=...)`",
@@ -290,8 +289,7 @@ def merge_settings(
                 f"`{api}(options=..., {name}=...)`",
                 f"{name}={value!r} conflicts with options.{name}={held!r}",
                 "give each setting once: in `options` (`dataclasses.replace(options, "
-                f"{name}=...)`), "
-                f"or as the keyword `{name}=` without `options=`",
+                f"{name}=...)`), or as the keyword `{name}=` without `options=`",
             )
     return options
 

@@ -138,8 +138,7 @@ def table(scores: list[Score], machine: str) -> str:
     for s in scores:
         lines.append(
             f"| {s.script} | {', '.join(s.expected) or 'nothing'} | "
-            f"{', '.join(s.found) or 'nothing'} "
-            f"| {s.right} | {s.wrong} | {s.missed} |"
+            f"{', '.join(s.found) or 'nothing'} | {s.right} | {s.wrong} | {s.missed} |"
         )
     t = totals(scores)
     lines += [

@@ -25,8 +25,8 @@ def main() -> None:
         g.replay()  # doctor: STATIC_INPUT_CHANGED
     if rank == 0:
         print(
-            f"final loss {static_loss.item():.4f} (last batch mean {x.mean().item():.3f}, y[0] "
-            f"{int(y[0])})"
+            f"final loss {static_loss.item():.4f} (last batch mean {x.mean().item():.3f}, "
+            f"y[0] {int(y[0])})"
         )
     teardown(g)
 

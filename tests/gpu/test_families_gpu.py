@@ -39,11 +39,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
 
 def _report(name: str, r: dict[str, Any]) -> None:
     warnings.warn(
-        f"{name}: {r['state']} {r['code'] or ''}; against eager {r['param_rel_diff']:.2e} (eager "
-        "against "
-        f"itself {r['control_rel_diff']:.2e}), buffers {r['buffer_rel_diff']:.2e}, stats "
-        f"{r['stats']}; "
-        f"reason: {r['reason']}",
+        f"{name}: {r['state']} {r['code'] or ''}; against eager {r['param_rel_diff']:.2e} "
+        f"(eager against itself {r['control_rel_diff']:.2e}), buffers {r['buffer_rel_diff']:.2e}, "
+        f"stats {r['stats']}; reason: {r['reason']}",
         stacklevel=2,
     )
 

@@ -50,7 +50,7 @@ def test_family_pool_is_close_to_its_largest_graph(
         assert family["pool_bytes"] and largest["pool_bytes"], r
         ratio = family["pool_bytes"] / largest["pool_bytes"]
         print(
-            f"rank {r['rank']}: family pool {family['pool_bytes']} B, largest graph "
-            f"{largest['pool_bytes']} B, ratio {ratio:.2f}"
+            f"rank {r['rank']}: family pool {family['pool_bytes']} B, "
+            f"largest graph {largest['pool_bytes']} B, ratio {ratio:.2f}"
         )
         assert ratio <= 1.3, r

@@ -103,8 +103,8 @@ def test_compile_replays_the_pinned_loaders_batches(results: Results) -> None:
             r = rank["runs"][run]
             stats = r["stats"]
             print(
-                f"compile {run} rank {rank['rank']}: {stats}, loss rel diff "
-                f"{r['loss_rel_diff']:.2e}"
+                f"compile {run} rank {rank['rank']}: {stats}, "
+                f"loss rel diff {r['loss_rel_diff']:.2e}"
             )
             assert r["state"] == "captured" and r["code"] is None, r["reason"]
             # Every call after the capture replayed: none ran eagerly for its CPU batch.

@@ -55,10 +55,10 @@ def test_preset_trains_as_eager_does(preset: str, results: dict[str, list[dict[s
         if "skipped" in r:
             pytest.skip(r["skipped"])
         warnings.warn(
-            f"{preset}: captured against eager {r['param_rel_diff']:.2e} (eager against itself "
-            f"{r['control_rel_diff']:.2e}); against eager on the recording's library branch "
-            f"{r['library_path_rel_diff']:.2e} (that branch against itself "
-            f"{r['library_path_control_rel_diff']:.2e})",
+            f"{preset}: captured against eager {r['param_rel_diff']:.2e} "
+            f"(eager against itself {r['control_rel_diff']:.2e}); against eager "
+            f"on the recording's library branch {r['library_path_rel_diff']:.2e} "
+            f"(that branch against itself {r['library_path_control_rel_diff']:.2e})",
             stacklevel=1,
         )
         as_eager = r["param_rel_diff"] <= max(1e-5, 2 * r["control_rel_diff"])

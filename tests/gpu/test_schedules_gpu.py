@@ -132,8 +132,8 @@ def test_how_far_the_own_sgd_update_is_from_the_fused_kernel() -> None:
         for a, b in zip(theirs, ours, strict=True)
     )
     _note(
-        f"foreach SGD (what the own update computes) against fused SGD after 20 steps: {worst:.3g} "
-        "relative"
+        "foreach SGD (what the own update computes) against fused SGD after 20 steps: "
+        f"{worst:.3g} relative"
     )
 
 

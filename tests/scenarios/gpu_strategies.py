@@ -481,9 +481,8 @@ def _markdown(rows: dict[str, dict[str, Any]], labels: list[str], info: DistInfo
     head = "| strategy | " + " | ".join(f"{label}: ms/step | vs eager" for label in labels) + " |"
     lines = [
         f"ms per training step, median of {WINDOWS} windows of {TIMED_STEPS // WINDOWS} steps, "
-        "slowest of "
-        f"{info.world_size} ranks, {torch.cuda.get_device_name(info.device)}, torch "
-        f"{torch.__version__}:",
+        f"slowest of {info.world_size} ranks, {torch.cuda.get_device_name(info.device)}, "
+        f"torch {torch.__version__}:",
         "",
         head,
         "| --- |" + " ---: | ---: |" * len(labels),

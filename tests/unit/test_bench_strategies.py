@@ -168,8 +168,8 @@ def test_timed_calls_that_ran_eagerly_are_counted_and_said() -> None:
     assert result.feeds["device"].eager_calls == 0
     assert result.feeds["dataloader"].eager_calls == QUICK.timed_steps
     assert result.note == (
-        f"{QUICK.timed_steps} of {QUICK.timed_steps} timed calls ran eagerly with the "
-        "DataLoader feed"
+        f"{QUICK.timed_steps} of {QUICK.timed_steps} timed calls ran eagerly "
+        "with the DataLoader feed"
     )
 
 

@@ -53,14 +53,14 @@ def parse(*argv: str) -> argparse.Namespace:
         (["--seq-lens", "64:512", "--buckets", "x"], "expected positive lengths"),
         (
             ["--seq-lens", "64:512", "--model", "resnet18"],
-            "`--seq-lens` with `--model resnet18`: expected a sequence workload (batches of "
-            "tokens), got one of images",
+            "`--seq-lens` with `--model resnet18`: expected a sequence workload "
+            "(batches of tokens), got one of images",
         ),
         (["--seq-lens", "64:512", "--model", "mlp"], "got one of samples"),
         (
             ["--seq-lens", "64:512", "--strategies", "eager,recipe"],
-            "`--strategies` with `--seq-lens`: expected names from eager, reduce-overhead, whole, "
-            "compile, got 'recipe'",
+            "`--strategies` with `--seq-lens`: expected names from eager, "
+            "reduce-overhead, whole, compile, got 'recipe'",
         ),
     ],
 )

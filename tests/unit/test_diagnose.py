@@ -72,8 +72,8 @@ def test_the_body_error_behind_capture_end_names_the_cause() -> None:
 
 def test_not_capturable_optimizer_message() -> None:
     err = raised(
-        "Attempting CUDA graph capture of step() for an instance of AdamW but param_groups' "
-        "capturable is False."
+        "Attempting CUDA graph capture of step() for an instance of AdamW but "
+        "param_groups' capturable is False."
     )
     finding = finding_from_error(err)
     assert finding.code is Code.OPTIMIZER_NOT_CAPTURABLE
@@ -89,8 +89,8 @@ def test_stream_warning_wins_over_the_opaque_error() -> None:
 
 def test_stale_default_stream_error_is_a_stream_mismatch() -> None:
     err = raised(
-        "AccumulateGrad node 'x' has a stale reference to the default stream (stream 0) from "
-        "warmup."
+        "AccumulateGrad node 'x' has a stale reference to the default stream "
+        "(stream 0) from warmup."
     )
     assert finding_from_error(err).code is Code.DDP_STREAM_MISMATCH
 

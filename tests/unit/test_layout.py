@@ -89,8 +89,8 @@ def _rel(p: Path) -> str:
         ("from .streams import capture_stream\nfrom . import ddp\nimport ddpgraph.errors\n", []),
         ("from .trainings import x\nfrom .strategies_like import y\n", []),
         (
-            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .strategies.base import "
-            "TrainStep\n",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from .strategies.base import TrainStep\n",
             [],
         ),
     ],
@@ -110,13 +110,13 @@ def test_a_core_package_module_importing_a_layer_is_found() -> None:
     ("source", "alias"),
     [
         (
-            '"""Moved."""\nfrom ._moved import moved\nfrom .app.cli import main\nmoved("a", '
-            '"b")\n__all__ = ["main"]\n',
+            '"""Moved."""\nfrom ._moved import moved\nfrom .app.cli import main\n'
+            'moved("a", "b")\n__all__ = ["main"]\n',
             True,
         ),
         (
-            '"""Alias."""\nfrom .integrations.lightning import CUDAGraphCallback\n__all__ = '
-            '["CUDAGraphCallback"]\n',
+            '"""Alias."""\nfrom .integrations.lightning import CUDAGraphCallback\n'
+            '__all__ = ["CUDAGraphCallback"]\n',
             True,
         ),
         ('"""Work."""\nfrom .app.cli import main\ndef f():\n    return main()\n', False),
@@ -180,8 +180,8 @@ def test_no_import_cycles_among_ddpgraphs_modules() -> None:
 # ----------------------------------------------------------------- private reaches
 def test_the_private_reach_checker() -> None:
     engine = (
-        "class Engine:\n    def __init__(self):\n        self._record = None\n    def "
-        "_decide(self):\n        return self._record\n"
+        "class Engine:\n    def __init__(self):\n        self._record = None\n"
+        "    def _decide(self):\n        return self._record\n"
     )
     assert defined_private_names(engine) == {"_record", "_decide"}
     ours = defined_private_names(engine) | {"_hidden"}
@@ -245,8 +245,8 @@ def test_no_module_reaches_into_anothers_private_names() -> None:
 def test_the_function_length_checker_counts_methods_and_nested_functions() -> None:
     body = "".join(f"    x{i} = {i}\n" for i in range(60))
     source = (
-        f"def short():\n{body[: -len('    x59 = 59') - 1]}\nclass A:\n    @staticmethod\n    def "
-        "long():\n" + body.replace("    ", "        ")
+        f"def short():\n{body[: -len('    x59 = 59') - 1]}\nclass A:\n    @staticmethod\n"
+        "    def long():\n" + body.replace("    ", "        ")
     )
     source += (
         "def outer():\n    def inner():\n" + body.replace("    ", "        ") + "    return inner\n"

@@ -87,8 +87,8 @@ def output_file(
     if not folder.is_dir():
         raise usage_error(
             f"`{option}`",
-            f"expected a file in an existing folder, got {path!r}, and {str(folder)!r} does not "
-            "exist",
+            f"expected a file in an existing folder, got {path!r}, "
+            f"and {str(folder)!r} does not exist",
             f"create the folder first (`mkdir -p {folder}`) or write the file elsewhere",
         )
     if not os.access(folder, os.W_OK):

@@ -225,8 +225,7 @@ def _captured(name, info, workload, options, batches, steps, tick):  # type: ign
             result.note = ""
             result.name = (
                 f"{name} ({s.warmup_steps} warm-up, capture {1000 * (s.capture_seconds or 0):.0f} "
-                "ms, "
-                f"{s.replays} replays)"
+                f"ms, {s.replays} replays)"
             )
     return result
 

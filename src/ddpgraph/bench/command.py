@@ -182,16 +182,16 @@ def _where_and_output(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="LOW:HIGH",
         help=(
-            "the variable-sequence-length case: each step's length drawn uniformly from "
-            "LOW..HIGH (seeded), for sequence models (gpt, hf-gpt2, hf-llama, token factories)"
+            "the variable-sequence-length case: each step's length drawn uniformly from LOW..HIGH "
+            "(seeded), for sequence models (gpt, hf-gpt2, hf-llama, token factories)"
         ),
     )
     parser.add_argument(
         "--buckets",
         default=None,
         help=(
-            "bucket lengths for --seq-lens, e.g. 176,288,400,512 "
-            "(default: the quartiles of LOW..HIGH, rounded up to a multiple of 8)"
+            "bucket lengths for --seq-lens, e.g. 176,288,400,512 (default: the quartiles "
+            "of LOW..HIGH, rounded up to a multiple of 8)"
         ),
     )
     parser.add_argument(
@@ -240,10 +240,9 @@ def slow_runs(plan: Plan, args: argparse.Namespace) -> list[str]:
         big = [m.name for m in plan.models if m.name in PRESETS]
         if big:
             said.append(
-                f"{', '.join(big)} {'is a' if len(big) == 1 else 'are'} "
-                f"GPU-sized model{'s' if len(big) > 1 else ''} "
-                "and there is no GPU here: on CPU processes every row takes minutes "
-                "(leave --model out for the CPU-sized defaults, "
+                f"{', '.join(big)} {'is a' if len(big) == 1 else 'are'} GPU-sized "
+                f"model{'s' if len(big) > 1 else ''} and there is no GPU here: on CPU processes "
+                "every row takes minutes (leave --model out for the CPU-sized defaults, "
                 "which check the setup in about a minute)"
             )
     return [s for s in said if s]

@@ -151,8 +151,7 @@ class Report:
             raise usage_error(
                 "`Report.from_dict`",
                 f"a ddpgraph bench result of schema_version {data.get('schema_version')!r}, "
-                "expected "
-                f"{SCHEMA_VERSION} (the version whose strategy names are make_step's)",
+                f"expected {SCHEMA_VERSION} (the version whose strategy names are make_step's)",
                 "run `ddpgraph bench` again to write the results in this version",
             )
         problems = validate(data)

@@ -121,8 +121,8 @@ def progress_line(result: StrategyResult, eager: StrategyResult | None) -> str:
     base = eager.feeds["device"].ms_per_step if eager and eager.status == "ok" else None
     speedup = times(base / device.ms_per_step) if base else "–"
     text = (
-        f"{head} {device.ms_per_step:.2f} ms/step ({speedup} eager, GPU busy "
-        f"{percent(device.gpu_busy)})"
+        f"{head} {device.ms_per_step:.2f} ms/step ({speedup} eager, "
+        f"GPU busy {percent(device.gpu_busy)})"
     )
     if result.wall_s is not None:
         text += f" in {result.wall_s:.1f} s"

@@ -206,10 +206,9 @@ def markdown(report: Report, summary: list[dict[str, Any]]) -> str:
     if legend:
         parts += [legend, ""]
     parts.append(
-        "ms/step: median over timing windows ± half their range. × eager: speedup over "
-        "eager DDP with the same feed. GPU busy: time with a kernel, copy or memset running per "
-        "step over step time. "
-        f"vs recipe: {SUBJECT}'s time over the hand-written recipe's (+ is slower). "
+        "ms/step: median over timing windows ± half their range. × eager: speedup over eager DDP "
+        "with the same feed. GPU busy: time with a kernel, copy or memset running per step over "
+        f"step time. vs recipe: {SUBJECT}'s time over the hand-written recipe's (+ is slower). "
         "throughput: tokens, images or samples per second over all ranks (device feed)."
     )
     return "\n".join(parts)

@@ -116,8 +116,8 @@ def _range(text: str) -> tuple[int, int]:
         raise usage_error(
             "`--seq-lens`",
             f"expected LOW:HIGH with 1 <= LOW < HIGH, got {text!r}",
-            "give the range the lengths are drawn from, e.g. `--seq-lens 64:512`; for one length, "
-            "leave it out",
+            "give the range the lengths are drawn from, e.g. `--seq-lens 64:512`; "
+            "for one length, leave it out",
         )
     return low, high
 
@@ -143,8 +143,8 @@ def _buckets(text: str, low: int, high: int) -> tuple[int, ...]:
     if unused:
         raise usage_error(
             "`--buckets`",
-            f"bucket(s) {', '.join(map(str, unused))} are shorter than every length of --seq-lens "
-            f"{low}:{high}",
+            f"bucket(s) {', '.join(map(str, unused))} are shorter than every "
+            f"length of --seq-lens {low}:{high}",
             f"give buckets of at least {low}; they would never be used",
         )
     return tuple(values)
@@ -155,10 +155,10 @@ def _families(names: list[str]) -> tuple[str, ...]:
     if unknown or not names:
         raise usage_error(
             "`--strategies` with `--seq-lens`",
-            f"expected names from {', '.join(FAMILIES)}, got "
-            f"{', '.join(map(repr, unknown)) or 'none'}",
-            "the variable-length case has rows of these strategies; leave --strategies out for all "
-            "of them",
+            f"expected names from {', '.join(FAMILIES)}, "
+            f"got {', '.join(map(repr, unknown)) or 'none'}",
+            "the variable-length case has rows of these strategies; "
+            "leave --strategies out for all of them",
         )
     return tuple(f for f in FAMILIES if f in names)
 
@@ -170,9 +170,8 @@ def sized(model: ModelSpec, high: int, *, cpu_sized: bool) -> ModelSpec:
         raise usage_error(
             f"`--seq-lens` with `--model {model.spec}`",
             f"expected a sequence workload (batches of tokens), got one of {workload.unit}",
-            "use --seq-lens with gpt, hf-gpt2, hf-llama or a MODULE:FACTORY whose Workload has "
-            "unit='tokens', "
-            f"or leave {model.spec} out",
+            "use --seq-lens with gpt, hf-gpt2, hf-llama or a MODULE:FACTORY whose "
+            f"Workload has unit='tokens', or leave {model.spec} out",
         )
     if model.spec == "gpt":
         config = CPU_GPT_CONFIG if cpu_sized else GPTConfig()
@@ -189,10 +188,10 @@ def sized(model: ModelSpec, high: int, *, cpu_sized: bool) -> ModelSpec:
     if workload.per_sample < high:
         raise usage_error(
             f"`--seq-lens` with `--model {model.spec}`",
-            f"the factory's batches have {workload.per_sample} tokens per sequence, fewer than the "
-            f"longest length {high}",
-            f"make the Workload's batches (and `per_sample`) at least {high} tokens long, or lower "
-            "HIGH",
+            f"the factory's batches have {workload.per_sample} tokens per sequence, "
+            f"fewer than the longest length {high}",
+            f"make the Workload's batches (and `per_sample`) at least {high} tokens long, "
+            "or lower HIGH",
         )
     return model
 

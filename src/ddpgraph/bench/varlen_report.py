@@ -63,15 +63,12 @@ SUMMARY_HEADERS = [
     "pool × largest (≤1.3)",
 ]
 LEGEND = (
-    "× eager: speedup over eager DDP on the same variable lengths (fixed-length rows: over eager "
-    "at that length). "
-    "graphs: held at the end; eager steps: eager calls in all, after warm-up in brackets; pool: "
-    "the shared "
-    "graph pool on rank 0. Lengths are drawn per warm-up step and timed again in the same order "
-    "(steady state). "
-    "In the targets, both speedups are over the variable-length eager run (fixed-shape: the graph "
-    "at the fixed "
-    "length); best other: the fastest row that takes each batch at its own length. " + PADDING_NOTE
+    "× eager: speedup over eager DDP on the same variable lengths (fixed-length rows: "
+    "over eager at that length). graphs: held at the end; eager steps: eager calls in all, "
+    "after warm-up in brackets; pool: the shared graph pool on rank 0. Lengths are drawn per "
+    "warm-up step and timed again in the same order (steady state). In the targets, both speedups "
+    "are over the variable-length eager run (fixed-shape: the graph at the fixed length); "
+    "best other: the fastest row that takes each batch at its own length. " + PADDING_NOTE
 )
 
 

@@ -79,8 +79,8 @@ def resolve_model(spec: str) -> ModelSpec:
     if ":" not in text:
         raise usage_error(
             "`--model`",
-            f"expected one of {', '.join([*BUILTIN_WORKLOADS, *PRESETS])} or MODULE:FACTORY, got "
-            f"{spec!r}",
+            f"expected one of {', '.join([*BUILTIN_WORKLOADS, *PRESETS])} or MODULE:FACTORY, "
+            f"got {spec!r}",
             "use a built-in name, or point at your own factory, e.g. "
             "`--model my_models:make_workload`",
         )

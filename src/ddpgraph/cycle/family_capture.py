@@ -48,8 +48,8 @@ from .step_state import Captured
 
 R = TypeVar("R")
 _FAILED = (
-    "Calls with that input signature run eagerly on the ranks where its capture failed; the other "
-    "graphs stay."
+    "Calls with that input signature run eagerly on the ranks where its capture failed; "
+    "the other graphs stay."
 )
 
 

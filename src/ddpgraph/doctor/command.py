@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_TIMEOUT_S,
         help=(
-            "stop the script after this many seconds and report where each rank was (default: "
-            f"{DEFAULT_TIMEOUT_S:g})"
+            "stop the script after this many seconds and report where each rank was "
+            f"(default: {DEFAULT_TIMEOUT_S:g})"
         ),
     )
     parser.add_argument(

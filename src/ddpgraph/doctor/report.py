@@ -111,8 +111,8 @@ def cross_rank_findings(run: RunResult, timeout_s: float, *, own_findings: bool)
             return [
                 Finding(
                     Code.SCRIPT_FAILED,
-                    "every rank finished the script, but torchrun exited with status "
-                    f"{run.exit_code}",
+                    "every rank finished the script, but torchrun exited with "
+                    f"status {run.exit_code}",
                     ranks=tuple(r.rank for r in records),
                 )
             ]
@@ -176,9 +176,9 @@ def ranks_disagree(records: list[RankRecord]) -> Finding | None:
     )
     return Finding(
         Code.CAPTURE_RANKS_DISAGREE,
-        f"the ranks captured DDP graphs or synchronised gradients a different number of times "
-        f"({told}); a replay's all-reduce then pairs with another rank's eager one, or waits "
-        "forever",
+        "the ranks captured DDP graphs or synchronised gradients a different number of times "
+        f"({told}); a replay's all-reduce then pairs with another rank's eager one, "
+        "or waits forever",
         subject="capture and replay",
         location=where,
         ranks=tuple(sorted(behind)),

@@ -62,16 +62,16 @@ def check_family(api: str, max_graphs: object, beyond: object, on_input_change: 
         raise usage_error(
             f"`{api}(beyond_max_graphs=...)`",
             f"expected 'evict' or 'eager', got {beyond!r}",
-            "'evict' releases the least recently used graph for a new signature; 'eager' runs "
-            "further signatures eagerly",
+            "'evict' releases the least recently used graph for a new signature; "
+            "'eager' runs further signatures eagerly",
         )
     if max_graphs > 1 and on_input_change == "raise":
         raise usage_error(
             f"`{api}(max_graphs={max_graphs}, on_input_change='raise')`",
-            "a family of graphs adds a graph for a new input signature, which "
-            "`on_input_change='raise'` refuses",
-            "use `on_input_change='eager'` with `max_graphs`, or `max_graphs=1` to refuse new "
-            "signatures",
+            "a family of graphs adds a graph for a new input signature, "
+            "which `on_input_change='raise'` refuses",
+            "use `on_input_change='eager'` with `max_graphs`, "
+            "or `max_graphs=1` to refuse new signatures",
         )
 
 

@@ -165,8 +165,8 @@ class ValueChecks:
         def done(watch: ValueWatch) -> None:
             when = f"at capture, and at call {calls}"
             later = (
-                "the replays before this call used the value of the recorded call; the step is "
-                "captured again"
+                "the replays before this call used the value of the recorded call; "
+                "the step is captured again"
             )
             found = _findings(watch, [], when, later)
             if found:

@@ -153,8 +153,8 @@ class Signature:
             if isinstance(want, TensorMeta):
                 if not isinstance(got, torch.Tensor):
                     return (
-                        f"input `{name}` changed from a tensor {want} to {type(got).__name__} "
-                        f"{got!r}"
+                        f"input `{name}` changed from a tensor {want} to "
+                        f"{type(got).__name__} {got!r}"
                     )
                 if not want.matches(got):
                     return f"input `{name}` changed from {want} to {TensorMeta.of(got)}"

@@ -242,9 +242,9 @@ class CUDAGraphCallback(pl.Callback):
             self._finish()
             self._refuse(
                 _unsupported(
-                    f"Lightning {getattr(pl, '__version__', '?')} passes `optimizer_step` a "
-                    "closure of a shape "
-                    "the callback does not know, so it cannot give the step its batch",
+                    f"Lightning {getattr(pl, '__version__', '?')} passes "
+                    "`optimizer_step` a closure of a shape the callback does not know, "
+                    "so it cannot give the step its batch",
                     "report the Lightning version; training runs eagerly meanwhile",
                 )
             )

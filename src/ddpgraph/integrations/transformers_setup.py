@@ -44,22 +44,19 @@ def trainer_refusal(trainer: Trainer, model: nn.Module) -> Finding | None:
     missing = [name for name in LOOP_METHODS if not callable(getattr(Trainer, name, None))]
     if missing:
         return _unsupported(
-            f"this transformers' Trainer has no {', '.join(f'`{n}`' for n in missing)}, through "
-            "which "
-            "the captured update gives its loop the gradient norm",
-            "install transformers 5 or later (`pip install -U transformers`), or train without "
-            "ddpgraph",
+            f"this transformers' Trainer has no {', '.join(f'`{n}`' for n in missing)}, "
+            "through which the captured update gives its loop the gradient norm",
+            "install transformers 5 or later (`pip install -U transformers`), "
+            "or train without ddpgraph",
         )
     if args.gradient_accumulation_steps > 1:
         return _unsupported(
             f"`TrainingArguments(gradient_accumulation_steps={args.gradient_accumulation_steps})` "
-            "calls "
-            "`training_step` once per micro-batch, under `no_sync` for all but the last, and steps "
-            "the "
-            "optimizer after the last: the calls differ, and no one of them is the whole update",
-            "use `gradient_accumulation_steps=1` with `per_device_train_batch_size` that many "
-            "times "
-            "larger, or train without ddpgraph",
+            "calls `training_step` once per micro-batch, under `no_sync` for all but the last, "
+            "and steps the optimizer after the last: the calls differ, "
+            "and no one of them is the whole update",
+            "use `gradient_accumulation_steps=1` with `per_device_train_batch_size` "
+            "that many times larger, or train without ddpgraph",
         )
     if args.fp16 or getattr(trainer.optimizer, "scaler", None) is not None:
         return Finding(
@@ -77,8 +74,8 @@ def _parallelism_refusal(trainer: Trainer, model: nn.Module) -> Finding | None:
     if kind not in _DDP_KINDS:
         return _unsupported(
             f"Trainer trains with {getattr(kind, 'value', kind)}, not DistributedDataParallel",
-            "train with DDP (torchrun without a DeepSpeed or FSDP configuration), or without "
-            "ddpgraph",
+            "train with DDP (torchrun without a DeepSpeed or FSDP configuration), "
+            "or without ddpgraph",
         )
     if getattr(trainer, "is_distributed_loading_by_transformers", False) or (
         getattr(trainer.accelerator, "parallelism_config", None) is not None
@@ -90,17 +87,16 @@ def _parallelism_refusal(trainer: Trainer, model: nn.Module) -> Finding | None:
     target = unwrap_compiled(model)
     if trainer.args.n_gpu > 1 or isinstance(target, nn.DataParallel):
         return _unsupported(
-            f"Trainer wraps the model in `torch.nn.DataParallel` ({trainer.args.n_gpu} GPUs in one "
-            "process)",
+            "Trainer wraps the model in `torch.nn.DataParallel` "
+            f"({trainer.args.n_gpu} GPUs in one process)",
             "launch one process per GPU with `torchrun --nproc_per_node=N`, which trains with DDP",
         )
     if is_compiled_module(model) and (
         makes_graphs(model) or trainer.args.torch_compile_mode in GRAPH_MODES
     ):
         return _unsupported(
-            f"`torch_compile_mode={trainer.args.torch_compile_mode!r}` makes CUDA graphs of its "
-            "own, which "
-            "cannot be recorded inside the update's graph",
+            f"`torch_compile_mode={trainer.args.torch_compile_mode!r}` makes CUDA graphs of "
+            "its own, which cannot be recorded inside the update's graph",
             "leave `torch_compile_mode` out (inductor's default mode fuses without graphs) and "
             "let ddpgraph capture the whole update",
         )
@@ -117,11 +113,11 @@ def _loop_refusal(trainer: Trainer, model: nn.Module) -> Finding | None:
     args = trainer.args
     if args.torch_empty_cache_steps is not None:
         return _unsupported(
-            f"`torch_empty_cache_steps={args.torch_empty_cache_steps}` empties the memory cache "
-            "inside `training_step` on steps counted in Python, "
+            f"`torch_empty_cache_steps={args.torch_empty_cache_steps}` empties "
+            "the memory cache inside `training_step` on steps counted in Python, "
             "which a replay neither counts nor runs",
-            "leave `torch_empty_cache_steps` out: "
-            "a captured update allocates nothing after capture",
+            "leave `torch_empty_cache_steps` out: a captured update allocates "
+            "nothing after capture",
         )
     if args.auto_find_batch_size:
         return _unsupported(
@@ -133,10 +129,9 @@ def _loop_refusal(trainer: Trainer, model: nn.Module) -> Finding | None:
         hook = _step_hook(callback)
         if hook is not None:
             return _unsupported(
-                f"the callback {type(callback).__name__} implements `{hook}`, which Trainer runs "
-                "between "
-                "the gradients and the optimizer's update; in a replayed update the gradients are "
-                "gone when Trainer calls it",
+                f"the callback {type(callback).__name__} implements `{hook}`, "
+                "which Trainer runs between the gradients and the optimizer's update; "
+                "in a replayed update the gradients are gone when Trainer calls it",
                 "move that work to `on_step_end`, or remove the callback "
                 f"(`trainer.remove_callback({type(callback).__name__})`)",
             )

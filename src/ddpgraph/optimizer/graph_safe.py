@@ -176,8 +176,8 @@ def baked_finding(changes: list[HyperparamChange], optimizer: Optimizer) -> Find
         )
         rest = f"the rest of `{change.key}`" if update.element is not None else "whether it is zero"
         why = (
-            f"ddpgraph's own update for {name} reads {read} from a tensor; {rest} is a Python "
-            "number in the graph"
+            f"ddpgraph's own update for {name} reads {read} from a tensor; "
+            f"{rest} is a Python number in the graph"
         )
     else:
         why = (

@@ -273,8 +273,8 @@ def _replaced(optimizer: Optimizer, why: str) -> Report:
     return Report(
         Finding(
             Code.OPTIMIZER_STATE_REPLACED,
-            f"`{type(optimizer).__name__}`: {why}; the graph is dropped and the step will be "
-            "captured again",
+            f"`{type(optimizer).__name__}`: {why}; the graph is dropped and the "
+            "step will be captured again",
             subject="`CapturedStep`",
         ),
         Action.RECAPTURE,

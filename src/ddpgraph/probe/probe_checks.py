@@ -76,8 +76,8 @@ class ProbeWatch:
                 found.append(
                     _input_finding(
                         name,
-                        "the step writes into it through `.data`, which PyTorch's version counter "
-                        "does not see",
+                        "the step writes into it through `.data`, "
+                        "which PyTorch's version counter does not see",
                         where,
                     )
                 )

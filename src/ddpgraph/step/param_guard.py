@@ -85,8 +85,8 @@ class ParamLayout:
                 break
             if p.data_ptr() != ptr:
                 what = (
-                    f"parameter {i} ({tuple(p.shape)}, {str(p.dtype).replace('torch.', '')}) now "
-                    "lives in other storage"
+                    f"parameter {i} ({tuple(p.shape)}, {str(p.dtype).replace('torch.', '')}) "
+                    "now lives in other storage"
                 )
                 break
         return Finding(

@@ -48,9 +48,9 @@ def fusion_spec(mode: str | None, backend: str, subject: str) -> CompileSpec:
         raise usage_error(
             subject,
             f"expected a compile mode that makes no CUDA graphs of its own, got {mode!r}",
-            "use compile_mode='default' or 'max-autotune-no-cudagraphs' (ddpgraph captures the "
-            "whole step itself), "
-            "or strategy='reduce-overhead' to let torch.compile make the graphs",
+            "use compile_mode='default' or 'max-autotune-no-cudagraphs' "
+            "(ddpgraph captures the whole step itself), or strategy='reduce-overhead' "
+            "to let torch.compile make the graphs",
         )
     if mode not in FUSION_MODES:
         raise usage_error(

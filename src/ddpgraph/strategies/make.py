@@ -48,15 +48,15 @@ class StrategyInfo:
 STRATEGIES: tuple[StrategyInfo, ...] = (
     StrategyInfo(
         "whole",
-        "the whole step (forward, backward with DDP's all-reduce, optimizer step) as one CUDA "
-        "graph: `capture_step`",
+        "the whole step (forward, backward with DDP's all-reduce, "
+        "optimizer step) as one CUDA graph: `capture_step`",
         True,
         False,
     ),
     StrategyInfo(
         "compile",
-        "the model compiled by inductor for fusion only, "
-        "the whole step around it as one CUDA graph",
+        "the model compiled by inductor for fusion only, the whole step around "
+        "it as one CUDA graph",
         True,
         True,
     ),

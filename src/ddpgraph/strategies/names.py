@@ -44,7 +44,7 @@ def hint_for_unknown(name: object) -> str:
     """The fix to suggest when `make_step` is given `name`, which is not one of its own."""
     if isinstance(name, str) and name in BENCH_ONLY_NAMES:
         return (
-            f"{name!r} ({RUNS[name]}) is a reference row of `ddpgraph bench`, not a make_step "
-            "strategy"
+            f"{name!r} ({RUNS[name]}) is a reference row of `ddpgraph bench`, "
+            "not a make_step strategy"
         )
     return "use strategy='auto' to let ddpgraph measure and choose"

@@ -265,8 +265,8 @@ def _ineligible(module: nn.Module, record: CallRecord | None) -> str | None:
         return "not called during the recorded forward"
     if record.calls > 1:
         return (
-            f"called {record.calls} times per forward; a graphed call's outputs are overwritten by "
-            "the next"
+            f"called {record.calls} times per forward; a graphed call's outputs "
+            "are overwritten by the next"
         )
     if record.kwargs:
         return f"called with keyword arguments ({', '.join(record.kwargs)})"
@@ -364,8 +364,8 @@ def _checked_root(
         raise usage_error(
             "`graph_submodules(model)`",
             "this model's submodules are already graphed",
-            "call `ddpgraph.strategies.partial.ungraph_submodules(model)` first to graph it "
-            "differently",
+            "call `ddpgraph.strategies.partial.ungraph_submodules(model)` first "
+            "to graph it differently",
         )
     return root
 

@@ -128,8 +128,8 @@ class PartialStep(StepBase[R]):
         why = "; ".join(f"{s.name or 'the whole model'}: {s.why}" for s in report.skipped[:4])
         self._reason = Finding(
             Code.CAPTURE_FAILED,
-            f"no submodule could be graphed ({why or 'the model has no parameters'}); the step "
-            "runs eagerly",
+            f"no submodule could be graphed ({why or 'the model has no parameters'}); "
+            "the step runs eagerly",
             "see `step.report` for every submodule tried; name smaller ones with `graph_modules=`",
             subject="`make_step(strategy='partial')`",
         )

@@ -98,8 +98,8 @@ def split_batch(batch: Any, micro_batches: int) -> list[Any]:
     if len(sizes) != 1:
         raise usage_error(
             "`accumulate(batches=...)`",
-            "expected tensors that share their first dimension, got first dimensions "
-            f"{sorted(sizes) or 'none'}",
+            "expected tensors that share their first dimension, "
+            f"got first dimensions {sorted(sizes) or 'none'}",
             "pass one batch whose tensors all have the batch dimension first",
         )
     size = sizes.pop()

@@ -111,8 +111,8 @@ def _pairs(what: str, live: list[T], saved: list[Any]) -> list[tuple[T, Any]]:
     if len(live) != len(saved):
         raise usage_error(
             "`load_training_state`",
-            f"the checkpoint holds {len(saved)} {what} state(s), got {len(live)} {what}(s) to load "
-            "into",
+            f"the checkpoint holds {len(saved)} {what} state(s), "
+            f"got {len(live)} {what}(s) to load into",
             f"pass the same {what}s, in the same order, as when the checkpoint was saved",
         )
     return list(zip(live, saved, strict=True))

@@ -205,8 +205,8 @@ class NonFiniteMonitor:
             raise usage_error(
                 "`NonFiniteMonitor.after_step`",
                 "nothing was recorded yet",
-                "call `monitor.record(loss)` inside the step function, then `after_step()` after "
-                "each call",
+                "call `monitor.record(loss)` inside the step function, "
+                "then `after_step()` after each call",
             )
         return self._buffers
 

@@ -151,8 +151,8 @@ class GraphSafeGradScaler:
         if stage is Stage.UNSCALED:
             raise usage_error(
                 "`GraphSafeGradScaler.unscale_`",
-                f"unscale_() was already called on this {type(optimizer).__name__} since the last "
-                "update()",
+                f"unscale_() was already called on this {type(optimizer).__name__} "
+                "since the last update()",
                 "call unscale_ once per optimizer and iteration, before step()",
             )
         if stage is Stage.STEPPED:
@@ -183,8 +183,8 @@ class GraphSafeGradScaler:
         if stage is Stage.STEPPED:
             raise usage_error(
                 "`GraphSafeGradScaler.step`",
-                f"step() was already called for this {type(optimizer).__name__} since the last "
-                "update()",
+                f"step() was already called for this {type(optimizer).__name__} "
+                "since the last update()",
                 "call update() once per iteration, after every optimizer's step()",
             )
         if has_fresh_state(optimizer):

@@ -151,8 +151,8 @@ class StepGuard:
                     Code.OPTIMIZER_NOT_CAPTURABLE,
                     f"{type(optimizer).__name__}.step() changed the structure of its state, so "
                     "a step skipped for a non-finite gradient cannot be undone on the device",
-                    f"construct {type(optimizer).__name__} with `fused=True`, or use Adam, AdamW "
-                    "or SGD with `fused=True`",
+                    f"construct {type(optimizer).__name__} with `fused=True`, or use Adam, "
+                    "AdamW or SGD with `fused=True`",
                     subject="`GraphSafeGradScaler.step`",
                 )
             )
@@ -177,10 +177,10 @@ def takes_found_inf(optimizer: Optimizer) -> bool:
     if "grad_scaler" in inspect.signature(optimizer.step).parameters:
         raise usage_error(
             f"`GraphSafeGradScaler.step({type(optimizer).__name__})`",
-            "this optimizer's step takes `grad_scaler=`, an older protocol this scaler does not "
-            "speak",
-            "use a torch optimizer, or one that reads `optimizer.grad_scale` and "
-            "`optimizer.found_inf`",
+            "this optimizer's step takes `grad_scaler=`, an older protocol "
+            "this scaler does not speak",
+            "use a torch optimizer, or one that reads `optimizer.grad_scale` "
+            "and `optimizer.found_inf`",
         )
     return True
 

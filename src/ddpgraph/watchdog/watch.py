@@ -118,9 +118,8 @@ def refuse_torch_save(finding: Finding) -> None:
         raise DdpGraphError(
             Finding(
                 Code.REPLAY_TIMED_OUT,
-                "`torch.save` was refused: a replay timed out and its collectives were "
-                "aborted, so this process's tensors are not a state training reached "
-                f"({finding.happened})",
+                "`torch.save` was refused: a replay timed out and its collectives were aborted, "
+                f"so this process's tensors are not a state training reached ({finding.happened})",
                 subject="`torch.save`",
                 ranks=finding.ranks,
             )
@@ -284,9 +283,9 @@ class ReplayWatchdog:
             if self._clock() >= give_up:
                 self._end(
                     "the training thread is still in `torch.save` after "
-                    f"{self.checkpoint_wait_s:g} s, "
-                    "waiting for the late replay; ending without abort, so that the checkpoint "
-                    "stays incomplete (torch.load rejects it) rather than holding aborted values"
+                    f"{self.checkpoint_wait_s:g} s, waiting for the late replay; "
+                    "ending without abort, so that the checkpoint stays incomplete "
+                    "(torch.load rejects it) rather than holding aborted values"
                 )
                 return
             self._sleep(self.poll_s)
