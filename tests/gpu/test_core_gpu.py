@@ -146,11 +146,13 @@ def test_float_lr_assignment_reaches_the_graph(results: dict[str, list[dict[str,
         assert r["state"] == "captured" and r["moved_after_zero_lr"] == 0
 
 
-def test_python_momentum_schedule_falls_back_correctly(
+def test_python_momentum_schedule_stays_captured_and_equal_to_eager(
     results: dict[str, list[dict[str, Any]]],
 ) -> None:
+    # A Python momentum that changes after capture switches the step to ddpgraph's own
+    # update, which reads momentum from a device tensor (optimizer/own_step.py).
     for r in ok(results["momentum_schedule"]):
-        assert r["state"] == "eager" and r["code"] == "LR_BAKED_INTO_GRAPH"
+        assert r["state"] == "captured" and r["code"] is None, r
         assert r["param_rel_diff"] <= TOL and r["loss_rel_diff"] <= TOL
 
 
