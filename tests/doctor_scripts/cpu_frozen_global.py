@@ -29,9 +29,9 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(
-            model(x), y, label_smoothing=LABEL_SMOOTHING
-        )  # doctor: FROZEN_PYTHON_VALUE
+        logits = model(x)
+        eps = LABEL_SMOOTHING
+        loss = F.cross_entropy(logits, y, label_smoothing=eps)  # doctor: FROZEN_PYTHON_VALUE
         return descend(opt, loss)
 
     step = ddpgraph.capture_step(train_step, model=model, optimizer=opt, backend=portable_backend())

@@ -31,9 +31,8 @@ class Trainer:
         ramp = min(1, self.step / 50)
         self.opt.zero_grad(set_to_none=True)
         logits = self.model(x)
-        loss = (
-            F.cross_entropy(logits, y) + ramp * logits.pow(2).mean()
-        )  # doctor: FROZEN_PYTHON_VALUE
+        penalty = ramp * logits.pow(2).mean()  # doctor: FROZEN_PYTHON_VALUE
+        loss = F.cross_entropy(logits, y) + penalty
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()

@@ -16,9 +16,8 @@ from common import batch, capture, make_model, setup, side_stream_ddp, teardown,
 def main() -> None:
     rank, device = setup()
     s, ddp = side_stream_ddp(make_model(device), device)
-    opt = torch.optim.AdamW(
-        ddp.parameters(), lr=1e-3, capturable=True
-    )  # doctor: LR_BAKED_INTO_GRAPH
+    params = ddp.parameters()
+    opt = torch.optim.AdamW(params, lr=1e-3, capturable=True)  # doctor: LR_BAKED_INTO_GRAPH
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.1)
     static_x, static_y = batch(device)
     warm_up(lambda: train_step(ddp, opt, static_x, static_y), s)
