@@ -12,14 +12,16 @@ set -uo pipefail
 # shellcheck source=scripts/gpu_env.sh
 . "$(dirname "$0")/gpu_env.sh"
 LIMIT=${GPU_PARALLEL_TIMEOUT:-480}
+STARTED=$(mktemp)  # the torchrun logs newer than this are this run's
 python3 -c "import torch, sys; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count(), 'python', sys.version.split()[0])" > "$OUT/summary.txt"
 
 declare -A GROUPS_=(
   [a]="tests/gpu/test_core_gpu.py tests/gpu/test_rank_safety_gpu.py tests/gpu/test_adopt_gpu.py tests/gpu/test_presets_gpu.py"
   [b]="tests/gpu/test_training_gpu.py tests/gpu/test_strategies_gpu.py tests/gpu/test_accelerate_gpu.py tests/gpu/test_lightning_gpu.py"
   [c]="tests/gpu/test_watchdog_gpu.py tests/gpu/test_optim_gpu.py tests/gpu/test_family_gpu.py tests/gpu/test_bench_varlen_gpu.py"
-  # DataLoaders, prefetchers and threads: a fresh process per case (the longest group).
-  [e]="tests/gpu/test_feeds_gpu.py"
+  # DataLoaders, prefetchers and threads: a fresh process per case, in two halves.
+  [e1]="tests/gpu/test_feeds_gpu.py::test_every_dataloader_setup_feeds_captured_steps tests/gpu/test_feeds_gpu.py::test_compile_replays_the_pinned_loaders_batches"
+  [e2]="tests/gpu/test_feeds_gpu.py --deselect tests/gpu/test_feeds_gpu.py::test_every_dataloader_setup_feeds_captured_steps --deselect tests/gpu/test_feeds_gpu.py::test_compile_replays_the_pinned_loaders_batches"
   [f]="tests/gpu/test_frozen_gpu.py tests/gpu/test_schedules_gpu.py tests/gpu/test_capture_call_gpu.py"
   [g]="tests/gpu/test_trainer_gpu.py tests/gpu/test_families_gpu.py"
   # The doctor's other GPU checks (plain runs, the library chain); its marks are scored
@@ -52,4 +54,10 @@ if [ -f "$OUT/doctor.log" ]; then
   echo "== doctor score" >> "$OUT/summary.txt"
   grep -vE ': right [0-9]+ wrong 0 missed 0$' "$OUT/doctor.log" | tail -30 >> "$OUT/summary.txt"
 fi
+# The run tool brings back at most 8 files: the logs travel as one archive, the
+# scenarios' torchrun logs (their workers' own output) as another.
+tar -czf "$OUT/logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls group-*.log doctor.log 2>/dev/null) \
+  && rm -f "$OUT"/group-*.log "$OUT/doctor.log"
+find /tmp/pytest-of-"$(id -un)" -name torchrun.log -newer "$STARTED" 2>/dev/null \
+  | tar -czf "$OUT/torchrun-logs.tar.gz" -T - 2>/dev/null
 cat "$OUT/summary.txt"

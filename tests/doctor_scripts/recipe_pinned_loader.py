@@ -11,6 +11,7 @@ recipe_pinned_loader_thread_local.py passes here.
     ddpgraph doctor --nproc 2 tests/doctor_scripts/recipe_pinned_loader.py
 """
 
+import time
 from typing import Any
 
 import torch
@@ -40,6 +41,9 @@ def main(**graph_options: Any) -> None:
         elif i == 11:
             with torch.cuda.graph(g, stream=s, **graph_options):  # doctor: OTHER_THREAD_IN_CAPTURE
                 static_loss = train_step(ddp, opt, static_x, static_y)
+                # A real model takes tens of milliseconds to record, this small one two:
+                # as long as a real one, so that the next batch's pinning falls inside.
+                time.sleep(0.05)
         else:
             g.replay()
     assert static_loss is not None

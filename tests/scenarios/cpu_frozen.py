@@ -304,10 +304,17 @@ def _seeded(cls: Callable[..., nn.Module], *args: Any) -> nn.Module:
     return cls(*args)
 
 
+def _attention(info: DistInfo) -> str:
+    """On CPU the models are built with eager attention: sdpa's mask and the search for
+    packed sequences read tensors on the host, which a recording refuses (on a GPU,
+    transformers skips them while a graph records). On a GPU, sdpa: eager attention's mask
+    building copies a Python number to the device, which waits for the host (the probe
+    refuses it, naming `attn_implementation="sdpa"`)."""
+    return "eager" if info.device.type == "cpu" else "sdpa"
+
+
 class _Logits(nn.Module):
-    """A transformers causal LM on token ids, with a mask. On CPU the models are built with
-    eager attention: sdpa's mask and the search for packed sequences read tensors on the
-    host, which a recording refuses (on a GPU, transformers skips them while a graph records)."""
+    """A transformers causal LM on token ids, with a mask."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -320,12 +327,13 @@ class _Logits(nn.Module):
         ).logits
 
 
+_TINY_GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 32}
+
+
 def clean_hf_gpt2(info: DistInfo) -> dict[str, Any]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=32, attn_implementation="eager"
-    )
+    config = GPT2Config(**_TINY_GPT2, attn_implementation=_attention(info))
     return _clean(
         info, lambda: _Logits(_seeded(GPT2LMHeadModel, config)), _tokens(info, 128), _plain_step
     )
@@ -342,7 +350,7 @@ def clean_hf_llama(info: DistInfo) -> dict[str, Any]:
         num_key_value_heads=2,
         vocab_size=128,
         max_position_embeddings=32,
-        attn_implementation="eager",
+        attn_implementation=_attention(info),
     )
     return _clean(
         info,

@@ -242,7 +242,11 @@ def _run(
     fn = _step_fn(ddp, opt)
     evaluate: Any = None
     if strategy is None:
-        step: Any = harness.with_same_settings(opt, fn, info.device) if graph_safe else fn
+        step: Any = (
+            harness.with_same_settings(opt, fn, info.device)
+            if graph_safe
+            else harness.on_device(fn, info.device)
+        )
 
         def evaluate(x: torch.Tensor) -> torch.Tensor:
             ddp.eval()

@@ -14,6 +14,7 @@ Both kinds run in one launch, so a second backend costs no second torchrun start
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import traceback
@@ -83,6 +84,11 @@ def run(registry: dict[str, Scenario] | Callable[[list[str]], dict[str, Scenario
             json.dump(result, fh, indent=1, default=str)
         if info.device.type == "cuda":
             torch.cuda.synchronize()
+        # The scenario's models and steps are garbage now, some in reference cycles (DDP's
+        # hooks): collected here, not in a later scenario's forked DataLoader worker, where
+        # freeing a CUDA tensor that NCCL's stream used aborts the worker (CUDA
+        # "initialization error" in the caching allocator).
+        gc.collect()
         dist.barrier()
     dist.destroy_process_group()
 
@@ -103,6 +109,17 @@ def params_of(model: torch.nn.Module) -> list[torch.Tensor]:
 
 def loss_rel_diff(a: list[float], b: list[float]) -> float:
     return max((abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+def on_device(step: Any, device: Any) -> Any:
+    """`step` called as an eager loop calls it: a CPU batch (a DataLoader's) copied to the
+    GPU first."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = _to_device((args, kwargs), device)
+        return step(*args, **kwargs)
+
+    return call
 
 
 def with_same_settings(opt: Any, step: Any, device: Any) -> Any:

@@ -188,6 +188,7 @@ def train(
             code=g.reason.code.value if g.reason else None,
             reason=g.reason.format() if g.reason else None,
             stats=g.stats,
+            eager_reason=g.eager_reason.format() if g.eager_reason else None,
             restored="step" not in vars(trainer.optimizer)
             or _is_schedulers(trainer.optimizer.step),
         )
@@ -229,6 +230,7 @@ def compare(info: DistInfo, *, refused: bool = False, **kw: Any) -> dict[str, An
                 "code",
                 "reason",
                 "stats",
+                "eager_reason",
                 "restored",
                 "lrs",
                 "losses",

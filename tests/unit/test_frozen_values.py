@@ -34,10 +34,12 @@ def test_a_python_number_is_kept_and_a_tensor_is_not() -> None:
     first = _watch(lambda: x * 0.5 + torch.ones(3))
     same = _watch(lambda: (x + 1.0) * 0.5 + torch.ones(3), first)
     assert same.divergence is not None  # another sequence of functions
+    assert same.divergence.is_branch
     again = _watch(lambda: other * 0.5 + torch.ones(3), first)
     assert again.divergence is None  # other tensors, the same Python values
     changed = _watch(lambda: x * 0.25 + torch.ones(3), first)
     assert changed.divergence is not None and changed.divergence.index == 0
+    assert not changed.divergence.is_branch  # one function, another number
 
 
 def test_the_first_difference_names_the_users_line() -> None:

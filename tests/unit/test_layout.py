@@ -55,7 +55,7 @@ FOREIGN = {
         "_version",
     ): "torch.Tensor's version counter, which in-place writes bump",
     ("doctor/observed.py", "_version"): "torch.Tensor's version counter",
-    ("optimizer/hyperparams.py", "_version"): "torch.Tensor's version counter",
+    ("optimizer/hyperparam_slot.py", "_version"): "torch.Tensor's version counter",
     ("probe/probe_checks.py", "_version"): "torch.Tensor's version counter",
     ("family/graphs.py", "_snapshot"): "torch.cuda.memory._snapshot, the allocator's segments",
     (

@@ -14,12 +14,13 @@ import textwrap
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+import torch
 
 from ddpgraph import Code
-from ddpgraph.probe.syncs import classify, host_sync_finding
+from ddpgraph.probe.syncs import ProbeResult, SyncEvent, classify, host_sync_finding
 
 LIBRARY = """
     import sys
@@ -285,3 +286,55 @@ def test_a_librarys_sync_is_left_to_the_capture_when_the_step_is_ddpgraphs_own(
     assert probe.findings(defer_library=True) == []
     [deferred] = probe.deferred()
     assert deferred.code is Code.HOST_SYNC_IN_CAPTURE
+
+
+class _WaitsInBackward(torch.autograd.Function):
+    """An operation whose gradient waits on the host: the stack its backward records."""
+
+    stacks: ClassVar[list[list[traceback.FrameSummary]]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        # As a C++ kernel's wait shows it: no frame of the operation itself.
+        _WaitsInBackward.stacks.append(traceback.extract_stack()[:-1])
+        return grad * 2
+
+
+def _backward_stack() -> list[traceback.FrameSummary]:
+    x = torch.ones(2, requires_grad=True)
+    _WaitsInBackward.apply(x).sum().backward()  # the user's backward line
+    return _WaitsInBackward.stacks[-1]
+
+
+def test_a_wait_in_the_backward_pass_is_named_by_the_librarys_forward(
+    installed: dict[str, Any],
+) -> None:
+    # The backward pass's stack shows only `loss.backward()`: the library's last wait
+    # before it (the experts' routing, not the mask before it) names operation and fix.
+    installed["transformers.ops"].Attention("eager")(torch.ones(2))
+    installed["transformers.ops"].MoeModel("grouped_mm")(torch.ones(2))
+    (mask, mask_setting), (experts, experts_setting) = installed["transformers.ops"].seen[-2:]
+    backward = _backward_stack()
+    probe = ProbeResult(
+        [
+            SyncEvent(mask, mask_setting),
+            SyncEvent(experts, experts_setting),
+            SyncEvent(backward),
+            SyncEvent(backward),
+        ]
+    )
+    found = probe.findings(defer_library=True)
+    assert len(found) == 1 and found[0].code is Code.HOST_SYNC_IN_CAPTURE
+    assert "the backward pass of it waits for the GPU too" in found[0].happened
+    assert "model.to(torch.bfloat16)" in found[0].hint
+    cause = probe.library_cause()
+    assert cause is not None and cause.hint == experts_setting
+    # Without a library's wait, the backward's own line is the place, as before.
+    alone = ProbeResult([SyncEvent(backward)]).findings(defer_library=True)
+    assert len(alone) == 1 and alone[0].location is not None
+    assert alone[0].location.source.endswith("# the user's backward line")
+    assert ProbeResult([SyncEvent(backward)]).library_cause() is None

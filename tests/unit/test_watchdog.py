@@ -19,14 +19,8 @@ import ddpgraph
 from ddpgraph import Code, DdpGraphError, DdpGraphUsageError
 from ddpgraph.agreement.peers import NoBoard
 from ddpgraph.findings import Finding
-from ddpgraph.watchdog.watch import (
-    EXIT_CODE,
-    FinishedEvent,
-    ReplayWatchdog,
-    check_options,
-    refuse_torch_save,
-    thread_in_torch_save,
-)
+from ddpgraph.watchdog.checkpoint_guard import refuse_torch_save, thread_in_torch_save
+from ddpgraph.watchdog.watch import EXIT_CODE, FinishedEvent, ReplayWatchdog, check_options
 
 
 class Clock:

@@ -148,6 +148,13 @@ class Divergence:
     location: Location | None
     entries: list[Entry | None]
 
+    @property
+    def is_branch(self) -> bool:
+        """The calls ran different functions there (a Python branch), not one function
+        with different arguments."""
+        reference, current = self.entries[0], self.entries[-1]
+        return reference is None or current is None or reference[0] != current[0]
+
 
 class Trace:
     """The entries of one watched call."""
@@ -338,7 +345,8 @@ def frozen_finding(
     reference, current = divergence.entries[0], divergence.entries[-1]
     where = divergence.location
     line = f"`{where.source}`" if where is not None and where.source else "the step"
-    if reference is not None and current is not None and reference[0] == current[0]:
+    if not divergence.is_branch:
+        assert reference is not None and current is not None
         earlier = [
             t.entries[i] for t in older if i < len(t.entries) and t.entries[i][0] == current[0]
         ]

@@ -81,6 +81,8 @@ class ValueChecks:
         self._action = Action.RECAPTURE if on_failure == "eager" else Action.EAGER
         self._armed: tuple[ValueWatch, Callable[[ValueWatch], None]] | None = None
         self._probe: list[Finding] | None = None
+        # Whether the probe step took another Python branch than the call before it.
+        self.probe_branched = False
         # (signature, model state, the last watched calls like that, newest last)
         self._seen: list[tuple[Signature, tuple[bool, bool], list[Trace]]] = []
         self._captured_at: int | None = None
@@ -114,6 +116,7 @@ class ValueChecks:
         history = self._history(leaves, spec, names)
         reference = history[-1] if probe and history else None
         self._probe = None
+        self.probe_branched = False
 
         def done(watch: ValueWatch) -> None:
             older = history[:-1][-(WATCHED_STEPS - 2) :]
@@ -128,6 +131,7 @@ class ValueChecks:
                 when = f"in the last {len(older) + 2} {watched}"
                 later = "every replay would repeat the value of the call the graph records"
                 self._probe = _findings(watch, older, when, later)
+                self.probe_branched = watch.divergence is not None and watch.divergence.is_branch
 
         self._armed = (ValueWatch(reference), done)
 

@@ -49,6 +49,7 @@ from ..capture import CapturedStep, StepState, capture_step
 from ..cycle.fallback import OnFailure, fall_back
 from ..ddp.build import model_device, process_group_of
 from ..ddp.distributed import current_rank
+from ..findings import Finding
 from ..options import CaptureOptions, merge_settings
 from ..strategies.base import Reason, TrainStep
 from ..strategies.dynamo import is_compiled_module, unwrap_compiled
@@ -64,14 +65,16 @@ Update = Callable[[dict[str, Any], Any], tuple[torch.Tensor, Any]]
 
 class TrainerGraphs:
     """The captured update of one `train()` call, and what it did: `state`, `reason`
-    (a finding with a code, None while all is well) and `stats` (those of
-    `CapturedStep.stats`, kept after training)."""
+    (a finding with a code, None while all is well), `eager_reason` (the first update
+    the graph could not serve, None if none) and `stats` (those of `CapturedStep.stats`),
+    kept after training."""
 
     def __init__(self, options: CaptureOptions) -> None:
         # Trainer keeps the loss and the norm past the next update: outputs are always cloned.
         self._options = dataclasses.replace(options, clone_outputs=True)
         self._on_failure: OnFailure = options.on_failure
         self.reason: Reason | None = None
+        self.eager_reason: Finding | None = None
         self.stats: dict[str, Any] = {}
         self._step: CapturedStep[Any] | TrainStep[Any] | None = None
         self._decided = False
@@ -98,6 +101,7 @@ class TrainerGraphs:
         if self._decided:
             return self._step is not None
         self._decided, self._last_state, self.reason, self.stats = True, None, None, {}
+        self.eager_reason = None
         target = unwrap_compiled(model)
         refusal = trainer_refusal(trainer, model)
         decision = agree(
@@ -178,6 +182,10 @@ class TrainerGraphs:
         if self._step is not None:
             self.reason = self._step.reason or self.reason
             self.stats = dict(vars(self._step.stats))
+            # With torch_compile: captures started afresh because Dynamo compiled during
+            # one (each such call ran eagerly).
+            self.stats["restarts"] = getattr(self._step, "restarts", 0)
+            self.eager_reason = getattr(self._step, "eager_reason", None)
             self._last_state = self._step.state.value
             self._step.close()
             self._step = None

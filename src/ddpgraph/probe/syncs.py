@@ -14,6 +14,7 @@ the synchronisation that broke a capture is named even when CUDA's error is not.
 
 from __future__ import annotations
 
+import dataclasses
 import linecache
 import os
 import sys
@@ -34,6 +35,8 @@ from .library_settings import known_setting
 _SYNC_WARNING = "synchronizing CUDA operation"
 _DDP_FILE = os.path.join("nn", "parallel", "distributed.py")
 _SCALER_FILES = ("grad_scaler.py",)
+# torch's functions that run autograd's engine (`Tensor.backward`, `torch.autograd.backward`).
+_BACKWARD_CALLS = ("_engine_run_backward", "run_backward")
 
 
 @dataclass
@@ -58,12 +61,35 @@ class ProbeResult:
         can tell whether they break it, and a failed capture is diagnosed from the
         synchronisations recorded during it."""
         found: dict[tuple[Code, Location | None], Finding] = {}
+        stand_in = self.library_cause() if defer_library else None
         for event in self.events:
             finding = classify(event.stack, during_capture=during_capture, setting=event.setting)
             if finding is None or (defer_library and self._in_library(event, finding)):
                 continue
+            if stand_in is not None and _backward_only(event, finding):
+                finding = dataclasses.replace(
+                    stand_in,
+                    happened=f"{stand_in.happened}; the backward pass of it waits for the GPU too",
+                )
             found.setdefault((finding.code, finding.location), finding)
         return list(found.values())
+
+    def library_cause(self) -> Finding | None:
+        """The synchronisation inside a library that stands for waits whose own stack
+        cannot name their operation: the last one the step made before the first
+        synchronisation of its backward pass (autograd runs the gradients of the latest
+        operations first), or its last one. A backward pass's stack holds no frame of the
+        model: `loss.backward()` is all it shows. None when no library synchronised."""
+        last = None
+        for event in self.events:
+            finding = classify(event.stack, setting=event.setting)
+            if finding is None:
+                continue
+            if self._in_library(event, finding):
+                last = finding
+            elif last is not None and _in_backward(event.stack):
+                break
+        return last
 
     def deferred(self) -> list[Finding]:
         """The findings `findings(defer_library=True)` leaves out, for the log."""
@@ -82,6 +108,23 @@ class ProbeResult:
             return False
         own = _code_frames(event.stack)
         return bool(own) and is_installed_library(own[-1].filename)
+
+
+def _in_backward(stack: Sequence[traceback.FrameSummary]) -> bool:
+    """Whether the stack is inside autograd's backward pass (torch's engine call)."""
+    return any(
+        f.name in _BACKWARD_CALLS and under(os.path.abspath(f.filename), (_TORCH_DIR,))
+        for f in stack
+    )
+
+
+def _backward_only(event: SyncEvent, finding: Finding) -> bool:
+    """A host wait in the backward pass that no library frame explains."""
+    return (
+        finding.code is Code.HOST_SYNC_IN_CAPTURE
+        and _in_backward(event.stack)
+        and library_call(event.stack, user_frame(event.stack)) is None
+    )
 
 
 @contextmanager

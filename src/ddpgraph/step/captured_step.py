@@ -24,17 +24,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
-from ..agreement.agree import Action, Decision, Outcome
-from ..backends.choice import choose_backend, needs_adoption
+from ..agreement.agree import Action, Outcome
 from ..backends.graph import CudaGraphBackend
-from ..backends.rng import generators_refusal
 from ..cycle.step_state import Captured, Report, StepState, has_peers
 from ..ddp import build as ddp_tools
-from ..ddp.adopt import apply_adoption
 from ..ddp.distributed import current_rank
 from ..ddp.warmup import (
-    checked_warmup,
-    default_warmup_steps,
     step_is_capturable,
     steps_until_capturable,
 )
@@ -42,28 +37,24 @@ from ..errors import DdpGraphUsageError
 from ..findings import Code, Finding
 from ..inputs.arguments import leaf_paths, stage_leaves, unflatten_call
 from ..optimizer.safe_optimizers import GraphSafeOptimizers
-from ..optimizer.wrappers import unwrap_optimizers
-from ..options import CaptureOptions, as_optimizers
+from ..options import CaptureOptions
 from ..probe.probe_checks import ProbeWatch
 from ..probe.syncs import host_sync_probe
 from ..watchdog.watch import ReplayWatchdog, watch_replays
-from .checked_calls import CheckedCalls, unservable
+from .checked_calls import unservable
 from .param_guard import ParamLayout
 from .parity import ParityRun
 from .same_path import eager_code_paths, report_capture_branch
 from .snapshot import Restorable, failed_capture_undo
+from .step_setup import NON_DDP_WARMUP_STEPS, StepSetup
 
 __all__ = ["NON_DDP_WARMUP_STEPS", "CapturedStep"]
 
 log = logging.getLogger("ddpgraph")
 R = TypeVar("R")
 
-# Warm-up steps for a model without DDP: enough for lazy initialisation (cuDNN
-# autotuning, optimizer state) to happen outside the capture.
-NON_DDP_WARMUP_STEPS = 3
 
-
-class CapturedStep(CheckedCalls[R]):
+class CapturedStep(StepSetup[R]):
     """A training step that warms up eagerly, is captured once, then replays.
 
     Call it like the function it wraps. Build it with `capture_step`.
@@ -127,58 +118,6 @@ class CapturedStep(CheckedCalls[R]):
         )
         self._peers = self._watchdog.board.describe_others
 
-    def _refusal_here(
-        self,
-        model: nn.Module,
-        optimizers: Optimizer | Sequence[Optimizer] | None,
-        options: CaptureOptions,
-    ) -> tuple[Finding | None, Finding | None]:
-        """This rank's usage error and refusal, if any, with the optimizers and backend set.
-        Everything that can be wrong on one rank only is found before the agreement,
-        and nothing is changed before it: a usage error makes every rank raise."""
-        usage = refusal = wrapper_refusal = None
-        try:
-            options.check()
-            # A framework's optimizer wrapper (Accelerate's): ddpgraph works on the torch one.
-            inner, wrapper_refusal = unwrap_optimizers(as_optimizers(optimizers))
-            self._optim = GraphSafeOptimizers(inner, self._device)
-            self._capture_after = checked_warmup(
-                isinstance(model, DDP), self._counter, options.warmup_steps, NON_DDP_WARMUP_STEPS
-            )
-            self._backend, self._stream, refusal = choose_backend(
-                model, self._device, options.backend, options.stream
-            )
-            if refusal is None and self._backend is not None:
-                refusal = generators_refusal(
-                    self._generators, self._device, isinstance(self._backend, CudaGraphBackend)
-                )
-            python_replays = self._backend is None or self._backend.executes_during_capture
-            refusal = (
-                refusal or wrapper_refusal or self._optim.refusal(python_replays=python_replays)
-            )
-        except DdpGraphUsageError as err:
-            usage = err.finding
-        return usage, refusal
-
-    def _adopt(self, model: nn.Module, decision: Decision) -> Decision:
-        """Adopt DDP's reducer onto the capture stream where it needs it; the agreed answer.
-        Adoption rebuilds DDP's reducer on the capture stream, which every rank now does
-        (none refused before); whether it took (an accumulator an earlier step's graph
-        still holds stays on its old stream) is agreed on at once, so that a refused
-        adoption runs every step eagerly from the first. (Agreed on every rank, adopting
-        or not: whether a rank adopts is its own.)"""
-        self._capture_after = max(o.warmup_steps for o in decision.outcomes)
-        adopted = None
-        if needs_adoption(model, self._stream):
-            adopted = apply_adoption(model, self._stream)  # type: ignore[arg-type]
-            # The rebuilt reducer starts again from iteration 0: it needs the whole
-            # warm-up of a fresh DDP model, whatever ran before.
-            self._capture_after = max(self._capture_after, default_warmup_steps(0))
-        took = [adopted] if adopted else []
-        return self._decide(
-            Outcome(current_rank(), not took, took, warmup_steps=self._capture_after)
-        )
-
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if self._watchdog is not None:
             self._watchdog.check()  # raises on every call after a replay timed out
@@ -238,10 +177,15 @@ class CapturedStep(CheckedCalls[R]):
         accumulates = (
             [self._grad_sync.finding] if self._grad_sync.finding else []
         )  # this call or an earlier one
+        syncs = probe.findings(defer_library=True)
+        # A Python branch that changes from call to call beside a library's host read is
+        # that read's doing (a loop over what a tensor holds): the read is the cause.
+        cause = probe.library_cause() if self._values.probe_branched and not syncs else None
         findings = (
             accumulates
             + self._optim.changed_by_step(hyper)
-            + probe.findings(defer_library=True)
+            + syncs
+            + ([cause] if cause else [])
             + watch.findings()
             + self._values.probe_findings()
         )
@@ -425,32 +369,3 @@ class CapturedStep(CheckedCalls[R]):
             handle.remove()
         self._hooks.clear()
         self._optim.close()
-
-    # ----------------------------------------------------------------- checkpoints
-    def _install_load_hooks(self) -> None:
-        for opt in self._optim.optimizers:
-            if hasattr(opt, "register_load_state_dict_post_hook"):
-                self._hooks.append(
-                    opt.register_load_state_dict_post_hook(self._after_optimizer_load)
-                )
-        inner = ddp_tools.inner_module(self._model)
-        self._hooks.append(inner.register_load_state_dict_post_hook(self._after_model_load))
-
-    def _after_optimizer_load(self, optimizer: Optimizer) -> None:
-        """Keep the graph's storage: copy loaded values into the captured tensors; a load
-        that cannot be copied is reported, and re-captured once the ranks agree."""
-        if self._state is StepState.CAPTURED:
-            report = self._optim.check_load(optimizer)
-            if report is not None:
-                self.report(report)
-        elif self._backend is not None:
-            # Warming up, or eager after a fallback (whose steps run in the graph-safe
-            # mode too): the mirrors follow the optimizer as loaded.
-            self._optim.released()
-            self._setup_refusal = self._optim.prepare()
-
-    def _after_model_load(self, module: nn.Module, incompatible: Any) -> None:
-        if self._state is StepState.CAPTURED and self._layout is not None:
-            report = self._layout.replaced(self._model)
-            if report is not None:
-                self.report(report)

@@ -57,6 +57,7 @@ from ..ddp.streams import can_run_graphs
 from ..errors import DdpGraphError, usage_error
 from ..findings import Code, Finding
 from . import groups
+from .checkpoint_guard import refuse_torch_save, thread_in_torch_save
 
 log = logging.getLogger("ddpgraph")
 
@@ -70,7 +71,6 @@ EXIT_GRACE_S = 30.0
 _indices, _solo_indices = itertools.count(), itertools.count(-1, -1)
 # The current stream's CUDA handle, without building a Stream object (CUDA builds only).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_SAVE_CODE = torch.serialization.save.__code__
 
 
 class ReplayEvent(Protocol):
@@ -98,35 +98,6 @@ def event_factory_for(device: torch.device) -> Callable[[], ReplayEvent]:
 # A pending replay: (replay number, launch time, its event). A plain tuple: the training
 # thread makes one per replay, and a tuple is the cheapest record Python has.
 _Pending = tuple[int, float, ReplayEvent]
-
-
-def thread_in_torch_save(thread_id: int | None) -> bool:
-    """True while the thread `thread_id` is inside `torch.save`."""
-    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
-    while frame is not None:
-        if frame.f_code is _SAVE_CODE:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def refuse_torch_save(finding: Finding) -> None:
-    """Make `torch.save` raise from now on: after an aborted replay, the model and
-    optimizer hold values no correct step produced, and a checkpoint must not keep them."""
-
-    def refused(*args: Any, **kwargs: Any) -> None:
-        raise DdpGraphError(
-            Finding(
-                Code.REPLAY_TIMED_OUT,
-                "`torch.save` was refused: a replay timed out and its collectives were aborted, "
-                f"so this process's tensors are not a state training reached ({finding.happened})",
-                subject="`torch.save`",
-                ranks=finding.ranks,
-            )
-        )
-
-    torch.save = refused
-    torch.serialization.save = refused  # type: ignore[assignment]
 
 
 class ReplayWatchdog:
