@@ -289,7 +289,9 @@ def test_a_librarys_sync_is_left_to_the_capture_when_the_step_is_ddpgraphs_own(
 
 
 class _WaitsInBackward(torch.autograd.Function):
-    """An operation whose gradient waits on the host: the stack its backward records."""
+    """An operation whose gradient waits on the host: the stacks its backward records, as
+    a Python backward shows it (its own frame innermost) and as a C++ kernel's wait shows
+    it (no frame of the operation itself)."""
 
     stacks: ClassVar[list[list[traceback.FrameSummary]]] = []
 
@@ -299,15 +301,14 @@ class _WaitsInBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        # As a C++ kernel's wait shows it: no frame of the operation itself.
-        _WaitsInBackward.stacks.append(traceback.extract_stack()[:-1])
+        _WaitsInBackward.stacks.append(traceback.extract_stack())  # the user's own wait
         return grad * 2
 
 
 def _backward_stack() -> list[traceback.FrameSummary]:
     x = torch.ones(2, requires_grad=True)
     _WaitsInBackward.apply(x).sum().backward()  # the user's backward line
-    return _WaitsInBackward.stacks[-1]
+    return _WaitsInBackward.stacks[-1][:-1]
 
 
 def test_a_wait_in_the_backward_pass_is_named_by_the_librarys_forward(
@@ -338,3 +339,16 @@ def test_a_wait_in_the_backward_pass_is_named_by_the_librarys_forward(
     assert len(alone) == 1 and alone[0].location is not None
     assert alone[0].location.source.endswith("# the user's backward line")
     assert ProbeResult([SyncEvent(backward)]).library_cause() is None
+
+
+def test_a_wait_in_the_users_own_backward_is_named_at_its_line(
+    installed: dict[str, Any],
+) -> None:
+    # A custom autograd Function's backward is code of the user's: its own line stands.
+    installed["transformers.ops"].MoeModel("grouped_mm")(torch.ones(2))
+    experts, setting = installed["transformers.ops"].seen[-1]
+    _backward_stack()
+    own = _WaitsInBackward.stacks[-1]
+    found = ProbeResult([SyncEvent(experts, setting), SyncEvent(own)]).findings(defer_library=True)
+    assert len(found) == 1 and found[0].location is not None
+    assert found[0].location.source.endswith("# the user's own wait")

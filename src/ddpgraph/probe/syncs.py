@@ -110,20 +110,29 @@ class ProbeResult:
         return bool(own) and is_installed_library(own[-1].filename)
 
 
+def _engine_frame(stack: Sequence[traceback.FrameSummary]) -> int | None:
+    """The index of the innermost frame of torch's that runs autograd's engine
+    (`Tensor.backward`, `torch.autograd.backward`); None outside a backward pass."""
+    found = None
+    for i, f in enumerate(stack):
+        if f.name in _BACKWARD_CALLS and under(os.path.abspath(f.filename), (_TORCH_DIR,)):
+            found = i
+    return found
+
+
 def _in_backward(stack: Sequence[traceback.FrameSummary]) -> bool:
-    """Whether the stack is inside autograd's backward pass (torch's engine call)."""
-    return any(
-        f.name in _BACKWARD_CALLS and under(os.path.abspath(f.filename), (_TORCH_DIR,))
-        for f in stack
-    )
+    return _engine_frame(stack) is not None
 
 
 def _backward_only(event: SyncEvent, finding: Finding) -> bool:
-    """A host wait in the backward pass that no library frame explains."""
+    """A host wait in the backward pass with no frame of code inside it: a kernel's, not
+    the user's or a library's own backward (a custom `autograd.Function`), which names
+    itself."""
+    engine = _engine_frame(event.stack)
     return (
         finding.code is Code.HOST_SYNC_IN_CAPTURE
-        and _in_backward(event.stack)
-        and library_call(event.stack, user_frame(event.stack)) is None
+        and engine is not None
+        and not _code_frames(event.stack[engine + 1 :])
     )
 
 
