@@ -16,8 +16,9 @@ import ddpgraph
 from ddpgraph import Code, StepState
 from ddpgraph.backends.recording import RecordingBackend
 from ddpgraph.errors import DdpGraphUsageError
-from ddpgraph.frozen.python_values import ValueWatch, frozen_finding, guard_finding, watching
+from ddpgraph.frozen.python_values import ValueWatch, watching
 from ddpgraph.frozen.value_checks import check_interval, doctor_interval
+from ddpgraph.frozen.wording import frozen_finding, guard_finding
 
 
 def _watch(
@@ -62,6 +63,34 @@ def test_the_first_difference_names_the_users_line() -> None:
     )
     assert finding.code is Code.FROZEN_PYTHON_VALUE
     assert "`torch.Tensor.mul`" in finding.happened and "1, 2 in two calls" in finding.happened
+
+
+def test_a_branch_one_call_took_is_named_at_the_branchs_line() -> None:
+    # The branch body ran on the first call only: the second call's operation at that
+    # place is the statement after it; the finding names the body's line.
+    state = {"log": True}
+
+    def step() -> torch.Tensor:
+        y = torch.ones(2) + 1
+        if state["log"]:
+            y.sum()  # the branch
+        return y * 2
+
+    first = _watch(step)
+    state["log"] = False
+    second = _watch(step, first)
+    assert second.divergence is not None and second.divergence.is_branch
+    finding = frozen_finding(
+        second.divergence, [], when="in two calls", later="a replay repeats one"
+    )
+    assert finding.location is not None and finding.location.source.endswith("# the branch")
+    assert "runs on some calls and not on others" in finding.happened
+    # The other way round, the call that took the branch is the one watched: its own line.
+    third = _watch(step, second)
+    state["log"] = True
+    fourth = _watch(step, third)
+    assert fourth.divergence is not None and fourth.divergence.location is not None
+    assert fourth.divergence.location.source.endswith("# the branch")
 
 
 def test_nan_constants_and_generators_do_not_differ() -> None:

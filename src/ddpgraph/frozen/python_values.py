@@ -35,12 +35,9 @@ optimizers' first-step state are long past when the watched steps run (the last
 
 from __future__ import annotations
 
-import linecache
-import math
-import re
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -50,15 +47,14 @@ import torch.optim.optimizer as optimizer_module
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..findings import Code, Finding, Location
+from ..findings import Location
 from ..probe.syncs import user_location
+from .call_lines import CallLine, call_line
 
 # The probe step and the steps before it whose calls are watched: two to compare, and
 # a third for the values the finding lists.
 WATCHED_STEPS = 3
 # How many values a finding lists, and how long each may be.
-_SHOWN_VALUES = 4
-_VALUE_CHARS = 40
 
 
 _compiling = torch.compiler.is_compiling
@@ -104,7 +100,7 @@ def _value(v: Any) -> Any:
     return type(v)
 
 
-def _name(func: Any) -> str:
+def call_name(func: Any) -> str:
     if isinstance(func, _OptimizerStep):
         return f"{func.name}.step()"
     try:
@@ -147,6 +143,10 @@ class Divergence:
     index: int
     location: Location | None
     entries: list[Entry | None]
+    # The lines of the other call's operation at that index and of this call's (None
+    # where there is none).
+    other_line: CallLine | None = None
+    line: CallLine | None = None
 
     @property
     def is_branch(self) -> bool:
@@ -161,6 +161,7 @@ class Trace:
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
+        self.lines: list[CallLine | None] = []  # the user's line of each entry
         self.guard_failures: list[str] = []  # Dynamo's, during this call
         self.checked = False  # a check call after capture (`value_checks`), not a warm-up step
 
@@ -173,6 +174,7 @@ class ValueWatch(TorchFunctionMode):
         super().__init__()
         self.trace = Trace()
         self._reference = reference.entries if reference is not None else None
+        self._reference_lines = reference.lines if reference is not None else []
         self.divergence: Divergence | None = None
         self._optimizer_depth = 0
 
@@ -195,12 +197,16 @@ class ValueWatch(TorchFunctionMode):
         (in the stack from the caller of the method calling this one)."""
         entries = self.trace.entries
         ref = self._reference
+        line = call_line(sys._getframe(2))
         if ref is not None and self.divergence is None:
             i = len(entries)
             if i >= len(ref) or ref[i] != entry:
                 where = user_location(traceback.extract_stack(sys._getframe(2)))
-                self.divergence = Divergence(i, where, [ref[i] if i < len(ref) else None, entry])
+                other = self._reference_lines[i] if i < len(self._reference_lines) else None
+                reference = ref[i] if i < len(ref) else None
+                self.divergence = Divergence(i, where, [reference, entry], other, line)
         entries.append(entry)
+        self.trace.lines.append(line)
 
     def finish(self) -> None:
         """After the call: a reference longer than this call diverges where it ended."""
@@ -288,99 +294,3 @@ def dynamo_guard_failures(before: dict[Any, int]) -> list[str]:
     if store is None:
         return []
     return [str(r) for code, v in list(store.items()) for r in v[before.get(code, 0) :]]
-
-
-_GUARD_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
-
-
-def guard_location(reason: str) -> Location | None:
-    """The user's line in a Dynamo guard failure's reason (its "User stack trace")."""
-    found = list(_GUARD_LINE.finditer(reason))
-    if not found:
-        return None
-    file, line = found[-1]["file"], int(found[-1]["line"])
-    return Location(file, line, linecache.getline(file, line).strip())
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    if isinstance(value, float) and math.isfinite(value):
-        text = f"{value:.6g}"
-    return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 3] + "..."
-
-
-def _differing_argument(entries: Sequence[Entry]) -> list[Any] | None:
-    """The first argument that differs between calls of one function, call by call; None
-    when no argument does (the calls differ in how many they took)."""
-    arity = {len(e[1]) for e in entries}
-    if len(arity) != 1:
-        return None
-    for position in range(arity.pop()):
-        column = [e[1][position] for e in entries]
-        if any(c != column[0] for c in column):
-            # A keyword argument is kept as (name, value).
-            return [
-                c[1] if isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], str) else c
-                for c in column
-            ]
-    return None
-
-
-FIX = (
-    "pass the value into the step as a tensor argument (`step(x, y, torch.tensor(value))`), "
-    "or keep it in a device tensor that the step updates in place (`weight.mul_(0.99)`, "
-    "`count.add_(1)`); a branch on a value that changes between calls becomes a tensor "
-    "operation (`torch.where`), or moves out of the step"
-)
-
-
-def frozen_finding(
-    divergence: Divergence, older: Sequence[Trace], *, when: str, later: str
-) -> Finding:
-    """FROZEN_PYTHON_VALUE for `divergence`. `older` are earlier watched calls whose
-    entry at that index, where it is a call of the same function, joins the values
-    shown; `when` says which calls the values are from ("in the last 3 warm-up steps"),
-    `later` what the graph does with them."""
-    i = divergence.index
-    reference, current = divergence.entries[0], divergence.entries[-1]
-    where = divergence.location
-    line = f"`{where.source}`" if where is not None and where.source else "the step"
-    if not divergence.is_branch:
-        assert reference is not None and current is not None
-        earlier = [
-            t.entries[i] for t in older if i < len(t.entries) and t.entries[i][0] == current[0]
-        ]
-        values = _differing_argument([*earlier, reference, current]) or _differing_argument(
-            [reference, current]
-        )
-        shown = ", ".join(_show(v) for v in (values or [])[-_SHOWN_VALUES:]) or "other arguments"
-        happened = (
-            f"{line} passes `{_name(current[0])}` a Python value that changes from call to call "
-            f"({shown} {when}); {later}"
-        )
-    else:
-        ran = [
-            f"`{_name(e[0])}`" if e is not None else "nothing more" for e in (current, reference)
-        ]
-        happened = (
-            f"{line} takes another path from call to call (a Python branch): the step ran {ran[0]} "
-            f"where the other call ran {ran[1]} ({when}); {later}"
-        )
-    return Finding(
-        Code.FROZEN_PYTHON_VALUE, happened, FIX, subject="`capture_step`", location=where
-    )
-
-
-def guard_finding(reasons: Sequence[str], *, when: str, later: str) -> Finding:
-    """FROZEN_PYTHON_VALUE for a torch.compile guard that failed: a Python value that
-    a compiled forward reads changed."""
-    first = reasons[0]
-    guard = first.split("\n", 1)[0].split("#", 1)[0].split(": ", 1)[-1].strip()
-    return Finding(
-        Code.FROZEN_PYTHON_VALUE,
-        f"torch.compile's guard `{guard}` failed {when}: a Python value the compiled code reads "
-        f"changed; {later}",
-        FIX,
-        subject="`capture_step`",
-        location=guard_location(first),
-    )

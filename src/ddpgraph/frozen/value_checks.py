@@ -34,14 +34,8 @@ from ..cycle.step_state import Report
 from ..ddp import build as ddp_tools
 from ..findings import Finding
 from ..inputs.arguments import Signature
-from .python_values import (
-    WATCHED_STEPS,
-    Trace,
-    ValueWatch,
-    frozen_finding,
-    guard_finding,
-    watching,
-)
+from .python_values import WATCHED_STEPS, Trace, ValueWatch, watching
+from .wording import frozen_finding, guard_finding
 
 __all__ = ["DEFAULT_VERIFY_EVERY", "ValueChecks", "check_interval", "doctor_interval"]
 

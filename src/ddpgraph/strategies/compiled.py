@@ -25,7 +25,7 @@ run eagerly, where Dynamo recompiles as usual. Other Python state that `forward`
 frozen Python values (`value_checks`: the last warm-up calls, and every
 `verify_every`-th call after capture) run the compiled code, so that its guards are
 evaluated, and a guard that fails in one of them is a FROZEN_PYTHON_VALUE finding
-(`python_values.guard_finding`) agreed on like any other; in the probe step it first
+(`frozen.wording.guard_finding`) agreed on like any other; in the probe step it first
 restarts the settling, like any compile there, and stands once the restarts are spent.
 A replay between two checks evaluates no guard.
 """

@@ -1,0 +1,130 @@
+"""The words of a FROZEN_PYTHON_VALUE finding: the values a call passed that changed,
+the branch it took, or the torch.compile guard that failed, with the user's line."""
+
+from __future__ import annotations
+
+import linecache
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ..findings import Code, Finding, Location
+from .call_lines import CallLine
+from .python_values import Divergence, Entry, Trace, call_name
+
+_SHOWN_VALUES = 4
+_VALUE_CHARS = 40
+
+
+_GUARD_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def guard_location(reason: str) -> Location | None:
+    """The user's line in a Dynamo guard failure's reason (its "User stack trace")."""
+    found = list(_GUARD_LINE.finditer(reason))
+    if not found:
+        return None
+    file, line = found[-1]["file"], int(found[-1]["line"])
+    return Location(file, line, linecache.getline(file, line).strip())
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    if isinstance(value, float) and math.isfinite(value):
+        text = f"{value:.6g}"
+    return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 3] + "..."
+
+
+def _differing_argument(entries: Sequence[Entry]) -> list[Any] | None:
+    """The first argument that differs between calls of one function, call by call; None
+    when no argument does (the calls differ in how many they took)."""
+    arity = {len(e[1]) for e in entries}
+    if len(arity) != 1:
+        return None
+    for position in range(arity.pop()):
+        column = [e[1][position] for e in entries]
+        if any(c != column[0] for c in column):
+            # A keyword argument is kept as (name, value).
+            return [
+                c[1] if isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], str) else c
+                for c in column
+            ]
+    return None
+
+
+FIX = (
+    "pass the value into the step as a tensor argument (`step(x, y, torch.tensor(value))`), "
+    "or keep it in a device tensor that the step updates in place (`weight.mul_(0.99)`, "
+    "`count.add_(1)`); a branch on a value that changes between calls becomes a tensor "
+    "operation (`torch.where`), or moves out of the step"
+)
+
+
+def _branch_line(here: CallLine | None, other: CallLine | None) -> Location | None:
+    """The other call's line, when it comes before this call's in the same function: a
+    branch body that call ran and this one skipped (this call's line is the statement
+    after it, where this call went on)."""
+    if here is None or other is None or other[:2] != here[:2] or other[2] >= here[2]:
+        return None
+    return Location(other[0], other[2], linecache.getline(other[0], other[2]).strip())
+
+
+def frozen_finding(
+    divergence: Divergence, older: Sequence[Trace], *, when: str, later: str
+) -> Finding:
+    """FROZEN_PYTHON_VALUE for `divergence`. `older` are earlier watched calls whose
+    entry at that index, where it is a call of the same function, joins the values
+    shown; `when` says which calls the values are from ("in the last 3 warm-up steps"),
+    `later` what the graph does with them."""
+    i = divergence.index
+    reference, current = divergence.entries[0], divergence.entries[-1]
+    where = divergence.location
+    line = f"`{where.source}`" if where is not None and where.source else "the step"
+    if not divergence.is_branch:
+        assert reference is not None and current is not None
+        earlier = [
+            t.entries[i] for t in older if i < len(t.entries) and t.entries[i][0] == current[0]
+        ]
+        values = _differing_argument([*earlier, reference, current]) or _differing_argument(
+            [reference, current]
+        )
+        shown = ", ".join(_show(v) for v in (values or [])[-_SHOWN_VALUES:]) or "other arguments"
+        happened = (
+            f"{line} passes `{call_name(current[0])}` a Python value that changes from call to "
+            f"call ({shown} {when}); {later}"
+        )
+    else:
+        ran = [f"`{call_name(e[0])}`" if e else "nothing more" for e in (current, reference)]
+        inner = _branch_line(divergence.line, divergence.other_line)
+        if inner is not None and where is not None:
+            # The other call ran a line above this one that this call skipped: the branch.
+            happened = (
+                f"`{inner.source}` runs on some calls and not on others (a Python branch): "
+                f"one call ran {ran[1]} there, the next went on to {ran[0]} at line "
+                f"{where.lineno} ({when}); {later}"
+            )
+            where = inner
+        else:
+            happened = (
+                f"{line} takes another path from call to call (a Python branch): the step ran "
+                f"{ran[0]} where the other call ran {ran[1]} ({when}); {later}"
+            )
+    return Finding(
+        Code.FROZEN_PYTHON_VALUE, happened, FIX, subject="`capture_step`", location=where
+    )
+
+
+def guard_finding(reasons: Sequence[str], *, when: str, later: str) -> Finding:
+    """FROZEN_PYTHON_VALUE for a torch.compile guard that failed: a Python value that
+    a compiled forward reads changed."""
+    first = reasons[0]
+    guard = first.split("\n", 1)[0].split("#", 1)[0].split(": ", 1)[-1].strip()
+    return Finding(
+        Code.FROZEN_PYTHON_VALUE,
+        f"torch.compile's guard `{guard}` failed {when}: a Python value the compiled code reads "
+        f"changed; {later}",
+        FIX,
+        subject="`capture_step`",
+        location=guard_location(first),
+    )
