@@ -132,13 +132,11 @@ def with_same_settings(opt: Any, step: Any, device: Any) -> Any:
     assert safe.prepare() is None
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        # A CPU batch (a DataLoader's) goes to the GPU first, as an eager loop copies it
-        # and as `capture_step` stages it.
-        args, kwargs = _to_device((args, kwargs), device)
         with safe.installed():
             return step(*args, **kwargs)
 
-    return call
+    # A CPU batch goes to the GPU first, as `capture_step` stages it.
+    return on_device(call, device)
 
 
 def _to_device(tree: Any, device: Any) -> Any:

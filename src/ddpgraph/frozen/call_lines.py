@@ -10,8 +10,10 @@ each file's kind looked up once, costs about one.
 
 from __future__ import annotations
 
+import linecache
 from types import FrameType
 
+from ..findings import Location
 from ..probe.code_origin import is_installed_library, is_platform
 
 CallLine = tuple[str, int, int]  # (file, first line of its function, line)
@@ -43,3 +45,11 @@ def call_line(frame: FrameType | None) -> CallLine | None:
             library = (code.co_filename, code.co_firstlineno, frame.f_lineno)
         frame = frame.f_back
     return library
+
+
+def line_location(line: CallLine | None) -> Location | None:
+    """`line` as a finding's location, with its source text."""
+    if line is None:
+        return None
+    file, _, lineno = line
+    return Location(file, lineno, linecache.getline(file, lineno).strip())

@@ -36,7 +36,6 @@ optimizers' first-step state are long past when the watched steps run (the last
 from __future__ import annotations
 
 import sys
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -48,8 +47,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..findings import Location
-from ..probe.syncs import user_location
-from .call_lines import CallLine, call_line
+from .call_lines import CallLine, call_line, line_location
 
 # The probe step and the steps before it whose calls are watched: two to compare, and
 # a third for the values the finding lists.
@@ -141,12 +139,15 @@ class Divergence:
     first), and the entries at that index (None where a call had none)."""
 
     index: int
-    location: Location | None
     entries: list[Entry | None]
-    # The lines of the other call's operation at that index and of this call's (None
+    # The lines of this call's operation at that index and of the other call's (None
     # where there is none).
-    other_line: CallLine | None = None
     line: CallLine | None = None
+    other_line: CallLine | None = None
+
+    @property
+    def location(self) -> Location | None:
+        return line_location(self.line)
 
     @property
     def is_branch(self) -> bool:
@@ -193,18 +194,17 @@ class ValueWatch(TorchFunctionMode):
         return func(*args, **kwargs)
 
     def _add(self, entry: Entry) -> None:
-        """Append `entry`; at the first one unlike the reference's, note the user's line
-        (in the stack from the caller of the method calling this one)."""
+        """Append `entry` with the user's line of the call (from the caller of the method
+        calling this one); note the first entry unlike the reference's."""
         entries = self.trace.entries
         ref = self._reference
         line = call_line(sys._getframe(2))
         if ref is not None and self.divergence is None:
             i = len(entries)
             if i >= len(ref) or ref[i] != entry:
-                where = user_location(traceback.extract_stack(sys._getframe(2)))
                 other = self._reference_lines[i] if i < len(self._reference_lines) else None
                 reference = ref[i] if i < len(ref) else None
-                self.divergence = Divergence(i, where, [reference, entry], other, line)
+                self.divergence = Divergence(i, [reference, entry], line, other)
         entries.append(entry)
         self.trace.lines.append(line)
 
@@ -213,7 +213,7 @@ class ValueWatch(TorchFunctionMode):
         ref = self._reference
         if ref is not None and self.divergence is None and len(ref) > len(self.trace.entries):
             i = len(self.trace.entries)
-            self.divergence = Divergence(i, None, [ref[i], None])
+            self.divergence = Divergence(i, [ref[i], None])
 
     # Optimizer steps leave one mark (see the module docstring).
     def optimizer_started(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..findings import Code, Finding, Location
-from .call_lines import CallLine
+from .call_lines import CallLine, line_location
 from .python_values import Divergence, Entry, Trace, call_name
 
 _SHOWN_VALUES = 4
@@ -67,7 +67,7 @@ def _branch_line(here: CallLine | None, other: CallLine | None) -> Location | No
     after it, where this call went on)."""
     if here is None or other is None or other[:2] != here[:2] or other[2] >= here[2]:
         return None
-    return Location(other[0], other[2], linecache.getline(other[0], other[2]).strip())
+    return line_location(other)
 
 
 def frozen_finding(

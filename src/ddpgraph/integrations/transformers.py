@@ -66,8 +66,9 @@ Update = Callable[[dict[str, Any], Any], tuple[torch.Tensor, Any]]
 class TrainerGraphs:
     """The captured update of one `train()` call, and what it did: `state`, `reason`
     (a finding with a code, None while all is well), `eager_reason` (the first update
-    the graph could not serve, None if none) and `stats` (those of `CapturedStep.stats`),
-    kept after training."""
+    the graph could not serve, None if none) and `stats` (those of `CapturedStep.stats`,
+    and with `torch_compile` the `restarts` of capture after Dynamo compiled during
+    one), kept after training."""
 
     def __init__(self, options: CaptureOptions) -> None:
         # Trainer keeps the loss and the norm past the next update: outputs are always cloned.

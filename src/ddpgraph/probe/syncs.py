@@ -61,10 +61,10 @@ class ProbeResult:
         can tell whether they break it, and a failed capture is diagnosed from the
         synchronisations recorded during it."""
         found: dict[tuple[Code, Location | None], Finding] = {}
-        stand_in = self.library_cause() if defer_library else None
-        for event in self.events:
-            finding = classify(event.stack, during_capture=during_capture, setting=event.setting)
-            if finding is None or (defer_library and self._in_library(event, finding)):
+        classified = self._classified(during_capture)
+        stand_in = _library_cause(classified) if defer_library else None
+        for event, finding in classified:
+            if defer_library and _in_library(event, finding):
                 continue
             if stand_in is not None and _backward_only(event, finding):
                 finding = dataclasses.replace(
@@ -76,38 +76,44 @@ class ProbeResult:
 
     def library_cause(self) -> Finding | None:
         """The synchronisation inside a library that stands for waits whose own stack
-        cannot name their operation: the last one the step made before the first
-        synchronisation of its backward pass (autograd runs the gradients of the latest
-        operations first), or its last one. A backward pass's stack holds no frame of the
-        model: `loss.backward()` is all it shows. None when no library synchronised."""
-        last = None
+        cannot name their operation (`_library_cause`); None when no library synchronised."""
+        return _library_cause(self._classified(during_capture=False))
+
+    def _classified(self, during_capture: bool) -> list[tuple[SyncEvent, Finding]]:
+        """Each event with its finding, in order; events that give none are left out."""
+        out = []
         for event in self.events:
-            finding = classify(event.stack, setting=event.setting)
-            if finding is None:
-                continue
-            if self._in_library(event, finding):
-                last = finding
-            elif last is not None and _in_backward(event.stack):
-                break
-        return last
+            finding = classify(event.stack, during_capture=during_capture, setting=event.setting)
+            if finding is not None:
+                out.append((event, finding))
+        return out
 
     def deferred(self) -> list[Finding]:
         """The findings `findings(defer_library=True)` leaves out, for the log."""
-        return [
-            f
-            for e in self.events
-            if (f := classify(e.stack, setting=e.setting)) is not None and self._in_library(e, f)
-        ]
+        return [f for e, f in self._classified(during_capture=False) if _in_library(e, f)]
 
-    @staticmethod
-    def _in_library(event: SyncEvent, finding: Finding) -> bool:
-        # The innermost frame that is neither torch, ddpgraph nor generated code decides:
-        # a library's, also when no user frame called it (the step is ddpgraph's own, as
-        # in `ddpgraph bench`, or a framework's).
-        if finding.code is not Code.HOST_SYNC_IN_CAPTURE:
-            return False
-        own = _code_frames(event.stack)
-        return bool(own) and is_installed_library(own[-1].filename)
+
+def _in_library(event: SyncEvent, finding: Finding) -> bool:
+    # The innermost frame that is neither torch, ddpgraph nor generated code decides:
+    # a library's, also when no user frame called it (the step is ddpgraph's own, as
+    # in `ddpgraph bench`, or a framework's).
+    if finding.code is not Code.HOST_SYNC_IN_CAPTURE:
+        return False
+    own = _code_frames(event.stack)
+    return bool(own) and is_installed_library(own[-1].filename)
+
+
+def _library_cause(classified: Sequence[tuple[SyncEvent, Finding]]) -> Finding | None:
+    """The last synchronisation inside a library before the first one of the backward
+    pass (autograd runs the gradients of the latest operations first), or the last one.
+    A backward pass's stack holds no frame of the model: `loss.backward()` is all it shows."""
+    last = None
+    for event, finding in classified:
+        if _in_library(event, finding):
+            last = finding
+        elif last is not None and _engine_frame(event.stack) is not None:
+            break
+    return last
 
 
 def _engine_frame(stack: Sequence[traceback.FrameSummary]) -> int | None:
@@ -118,10 +124,6 @@ def _engine_frame(stack: Sequence[traceback.FrameSummary]) -> int | None:
         if f.name in _BACKWARD_CALLS and under(os.path.abspath(f.filename), (_TORCH_DIR,)):
             found = i
     return found
-
-
-def _in_backward(stack: Sequence[traceback.FrameSummary]) -> bool:
-    return _engine_frame(stack) is not None
 
 
 def _backward_only(event: SyncEvent, finding: Finding) -> bool:
