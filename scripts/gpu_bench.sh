@@ -25,6 +25,8 @@
 #                    pinned 4-worker DataLoader feed, 30 timed steps, no profile; then
 #                    scripts/feed_ratio.py: each row's DataLoader/device ms ratio, target
 #                    1.05 (6-8 min, its own limit of 540 s; $OUT/feeds-ratio.md)
+#   feed-windows     scripts/probes/feed_windows.py on hf-llama and timm-vit: each feed's
+#                    ms/step by timing window of 1-20 steps, side by side (2-4 min)
 #   integrations     scripts/probes/integrations_speed.py, torchrun 1  (1-2 min)
 #   trainer          scripts/probes/trainer_bench.py, torchrun 1: plain transformers.Trainer,
 #                    the graph-safe reference and CUDAGraphTrainer on hf-gpt2 and hf-llama,
@@ -75,6 +77,9 @@ for stage in "$@"; do
       LIMIT=540 run feeds-presets ddpgraph bench --model hf-gpt2,hf-llama,timm-vit,tv-resnet50 --batch-sizes 8 \
         --strategies "$STRATS" --steps 30 --warmup 15 --profile-steps 0 --json "$OUT/feeds-presets.json"
       python3 scripts/feed_ratio.py "$OUT/feeds-presets.json" | tee "$OUT/feeds-ratio.md" ;;
+    feed-windows) run feed-windows torchrun --standalone --nproc_per_node=1 scripts/probes/feed_windows.py \
+        --model "${WINDOW_MODELS:-hf-llama,timm-vit}" --strategies "${WINDOW_STRATS:-whole,compile,reduce-overhead}" \
+        --json "$OUT/feed-windows.json" ;;
     integrations) run integrations torchrun --standalone --nproc_per_node=1 scripts/probes/integrations_speed.py ;;
     trainer) run trainer torchrun --standalone --nproc_per_node=1 scripts/probes/trainer_bench.py \
         --json "$OUT/trainer.json" ;;

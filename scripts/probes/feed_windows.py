@@ -1,0 +1,131 @@
+"""How long a timing window must be for a DataLoader feed to cost what it costs a loop.
+
+    # one GPU, about 3 min:
+    torchrun --standalone --nproc_per_node=1 scripts/probes/feed_windows.py \\
+        --model hf-llama,timm-vit --strategies whole,compile,reduce-overhead
+
+Per model and strategy, with the bench's own runners (`ddpgraph.bench.strategies`): warm
+up on the device feed, then on the bench's DataLoader feed (pinned, 4 workers), then time
+both feeds alternately, in windows of 1, 2, 5, 10 and 20 steps, each window ended by a
+device synchronisation and nothing synchronised inside it. Prints ms/step per feed and
+window, and the host's time to take one batch from the loader (`next()`), median.
+
+A window of one step exposes everything the host does before the step's first kernel
+(taking the batch, its copy) at every step; a training loop synchronises only when it
+logs, so its host runs ahead and hides that under the previous step's GPU work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import ddpgraph
+from ddpgraph.bench import strategies as _strategies  # noqa: F401  (fills the registry)
+from ddpgraph.bench.case import Case, Runner
+from ddpgraph.bench.feeds import Batch, device_feed, host_batches, loader_feed
+from ddpgraph.bench.presets import preset_workload
+from ddpgraph.bench.registry import select
+from ddpgraph.ddp.streams import synchronize
+
+WINDOWS = (1, 2, 5, 10, 20)
+
+
+def _window_ms(runner: Runner, feed: Iterator[Batch], count: int, device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(count):
+        x, y = next(feed)
+        runner.step(x, y)
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3 / count
+
+
+def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.device) -> Any:
+    work = preset_workload(model)
+    on_cuda = device.type == "cuda"
+    case = Case(work, args.batch, device, torch.bfloat16 if on_cuda else None)
+    batches = host_batches(work, args.batch, 0)
+    (chosen,) = select([strategy])
+    assert chosen.build is not None
+    runner = chosen.build(case, case.fresh_model())
+    per_window = sum(WINDOWS) * args.repeats
+    device_batches = device_feed(batches, device)
+    loader = loader_feed(batches, 40 + per_window, workers=4, pin_memory=on_cuda)
+    try:
+        for _ in range(20):  # compile, DDP's first iterations, capture
+            runner.step(*next(device_batches))
+        for _ in range(20):  # a captured step captures again for pinned host inputs
+            runner.step(*next(loader))
+        synchronize(device)
+        times: dict[str, dict[int, list[float]]] = {"device": {}, "dataloader": {}}
+        for _ in range(args.repeats):
+            for w in WINDOWS:
+                times["device"].setdefault(w, []).append(
+                    _window_ms(runner, device_batches, w, device)
+                )
+                times["dataloader"].setdefault(w, []).append(_window_ms(runner, loader, w, device))
+        takes = []
+        for _ in range(10):
+            start = time.perf_counter()
+            x, y = next(loader)
+            takes.append((time.perf_counter() - start) * 1e6)
+            runner.step(x, y)
+            synchronize(device)
+    finally:
+        loader.close()
+        runner.close()
+    row = {
+        "model": model,
+        "strategy": strategy,
+        "eager_calls": getattr(runner, "eager_calls", None),
+        "next_us": statistics.median(takes),
+        "ms": {
+            feed: {w: statistics.median(v) for w, v in per.items()} for feed, per in times.items()
+        },
+    }
+    del runner
+    if on_cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="hf-llama,timm-vit")
+    parser.add_argument("--strategies", default="whole,compile,reduce-overhead")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    info = ddpgraph.init_distributed()
+    rows = []
+    for model in args.model.split(","):
+        for strategy in args.strategies.split(","):
+            row = measure(model, strategy, args, info.device)
+            rows.append(row)
+            cells = "; ".join(
+                f"w{w}: {row['ms']['device'][w]:.2f} / {row['ms']['dataloader'][w]:.2f} "
+                f"({row['ms']['dataloader'][w] / row['ms']['device'][w]:.3f})"
+                for w in WINDOWS
+            )
+            print(
+                f"{model} {strategy}: device / DataLoader ms/step by window: {cells}; "
+                f"next() {row['next_us']:.0f} us; eager calls {row['eager_calls']}",
+                flush=True,
+            )
+    if args.json and info.rank == 0:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
