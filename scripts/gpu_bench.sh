@@ -22,7 +22,7 @@
 #   presets-b32      the four presets at batch 32: eager, whole, compile (4-6 min; B32_MODELS
 #                    names fewer)
 #   feeds-presets    the four presets at batch 8, five strategies, device feed and the
-#                    pinned 4-worker DataLoader feed, 30 timed steps, no profile; then
+#                    pinned 4-worker DataLoader feed, 40 timed steps, no profile; then
 #                    scripts/feed_ratio.py: each row's DataLoader/device ms ratio, target
 #                    1.05 (6-8 min, its own limit of 540 s; $OUT/feeds-ratio.md)
 #   feed-windows     scripts/probes/feed_windows.py on hf-llama and timm-vit: each feed's
@@ -75,7 +75,7 @@ for stage in "$@"; do
         --json "$OUT/presets-b32.json" ;;
     feeds-presets)
       LIMIT=540 run feeds-presets ddpgraph bench --model hf-gpt2,hf-llama,timm-vit,tv-resnet50 --batch-sizes 8 \
-        --strategies "$STRATS" --steps 30 --warmup 15 --profile-steps 0 --json "$OUT/feeds-presets.json"
+        --strategies "$STRATS" --steps 40 --warmup 15 --profile-steps 0 --json "$OUT/feeds-presets.json"
       python3 scripts/feed_ratio.py "$OUT/feeds-presets.json" | tee "$OUT/feeds-ratio.md" ;;
     feed-windows) run feed-windows torchrun --standalone --nproc_per_node=1 scripts/probes/feed_windows.py \
         --model "${WINDOW_MODELS:-hf-llama,timm-vit}" --strategies "${WINDOW_STRATS:-whole,compile,reduce-overhead}" \

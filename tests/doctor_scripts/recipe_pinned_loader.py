@@ -42,8 +42,8 @@ def main(**graph_options: Any) -> None:
             with torch.cuda.graph(g, stream=s, **graph_options):  # doctor: OTHER_THREAD_IN_CAPTURE
                 static_loss = train_step(ddp, opt, static_x, static_y)
                 # A real model takes tens of milliseconds to record, this small one two:
-                # as long as a real one, so that the next batch's pinning falls inside.
-                time.sleep(0.05)
+                # as long as a large one, so that the next batch's pinning falls inside.
+                time.sleep(0.2)
         else:
             g.replay()
     assert static_loss is not None

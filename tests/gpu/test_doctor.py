@@ -101,7 +101,19 @@ def test_an_odd_batch_on_one_rank_is_no_disagreement() -> None:
 def test_a_pinned_dataloader_is_named_by_its_pin_memory_thread() -> None:
     # The recipe in CUDA's global mode, fed by DataLoader(num_workers=4, pin_memory=True):
     # the pin-memory thread, its DataLoader's line and the fix; with the fix, clean.
-    _, report, output = _run("recipe_pinned_loader.py")
+    name = "recipe_pinned_loader.py"
+    _, report, output = _run(name)
+    # Whether the pinning falls inside the capture is a race (on a loaded machine the
+    # worker may hand the next batch over only after it): a clean capture is run again,
+    # at most twice; any finding is judged at once.
+    for _ in range(2):
+        if report["findings"]:
+            break
+        _, report, output = run_doctor(
+            "recipe_pinned_loader.py",
+            nproc=WORLD,
+            timeout=doctor_timeout("recipe_pinned_loader.py"),
+        )
     [finding] = report["findings"]
     assert finding["code"] == "OTHER_THREAD_IN_CAPTURE", output[-4000:]
     assert "pin-memory thread of the DataLoader built at " in finding["happened"]

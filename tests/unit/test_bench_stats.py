@@ -24,10 +24,13 @@ def test_windows_are_full_and_never_empty() -> None:
     assert windows(1, 1) == [1]
 
 
-def test_default_window_gives_about_a_dozen_windows() -> None:
-    assert default_window(60) == 5
-    assert len(windows(60, default_window(60))) == 12
-    assert default_window(6) == 1
+def test_default_window_gives_about_a_dozen_windows_of_ten_steps_or_more() -> None:
+    assert default_window(240) == 20
+    assert len(windows(240, default_window(240))) == 12
+    # Never under ten steps: the host must be able to run ahead inside a window.
+    assert default_window(60) == 10
+    assert len(windows(60, default_window(60))) == 6
+    assert default_window(6) == 6  # fewer steps: one window of all of them
 
 
 def test_measurement_takes_median_and_range_of_windows() -> None:
