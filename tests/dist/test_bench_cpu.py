@@ -82,7 +82,7 @@ def test_eager_strategies_run_and_train_identically(run: Any) -> None:
         for r in (eager, captured):
             assert r["status"] == "ok", r["reason"]
             assert set(r["feeds"]) == {"device", "dataloader"}
-            assert len(r["feeds"]["device"]["window_ms"]) == 6
+            assert len(r["feeds"]["device"]["window_ms"]) == 1  # 6 steps: one window
             assert r["feeds"]["dataloader"]["ms_per_step"] > 0
         assert eager["feeds"]["device"]["speedup"] == pytest.approx(1.0)
         assert captured["feeds"]["device"]["speedup"] > 0

@@ -23,7 +23,7 @@ def test_defaults_make_the_published_plan(monkeypatch: pytest.MonkeyPatch) -> No
     assert plan.batch_sizes == {"gpt": [8, 32], "resnet18": [32, 128]}
     assert plan.strategies == [s for s in registered() if s.available]
     s = plan.settings
-    assert (s.steps, s.warmup, s.window, s.timed_steps) == (60, 20, 5, 60)
+    assert (s.steps, s.warmup, s.window, s.timed_steps) == (60, 20, 10, 60)
     assert s.dataloader and s.profile_steps == 5
     assert plan.amp == "bf16"
 
@@ -75,7 +75,7 @@ def test_arguments_reach_the_plan() -> None:
     )
     assert plan.batch_sizes == {"mlp": [4, 16]}
     assert [s.name for s in plan.strategies] == ["eager", "whole"]
-    assert (plan.settings.steps, plan.settings.window, plan.settings.warmup) == (24, 2, 12)
+    assert (plan.settings.steps, plan.settings.window, plan.settings.warmup) == (24, 10, 12)
     assert not plan.settings.dataloader and plan.settings.profile_steps == 0
     assert plan.amp == "off"
 
