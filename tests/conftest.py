@@ -5,8 +5,10 @@ construction needs one); the autouse fixture destroys any other group a test lea
 initialised, and the session ends with no group at all.
 
 Once the tests are selected, a hook starts mypy in the background if its test is among
-them (tests/code_checks.py says why), and leaves out of the shared torchrun launches the
-scenarios of modules with no test selected (`batched` in tests/launcher.py).
+them (tests/code_checks.py says why), puts the modules that read a shared torchrun launch
+after all the others and leaves out of those launches the scenarios of modules with no
+test selected; the first test starts the launches in the background
+(tests/shared_launches.py says why).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import torch.distributed as dist
 
 import code_checks
 import ddpgraph
+import shared_launches
 from ddpgraph.ddp.distributed import DistInfo
-from launcher import free_port, select_batches
+from launcher import free_port
 
 # The group `process_group` made; any other initialised group was left by a test.
 _owned: list[object] = []
@@ -69,16 +72,20 @@ def _destroy_process_group_at_exit() -> Iterator[None]:
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they leave out
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    select_batches(
-        list(
-            {
-                id(m): m for item in items if (m := getattr(item, "module", None)) is not None
-            }.values()
-        )
-    )
+    # A stable sort: modules stay whole and in order, those reading a launch last.
+    items.sort(key=lambda item: shared_launches.reads_a_launch(getattr(item, "module", None)))
+    modules = {id(m): m for item in items if (m := getattr(item, "module", None)) is not None}
+    shared_launches.select_batches(list(modules.values()))
     if any(item.nodeid.endswith("test_code_quality.py::test_mypy_is_clean") for item in items):
         code_checks.start_mypy()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_launches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    shared_launches.start(tmp_path_factory)
+    yield
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     code_checks.stop()
+    shared_launches.stop()

@@ -9,12 +9,8 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the torchrun workers of doc_blocks.py import this module too
-    import pytest
+from typing import Any
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 REPO = Path(__file__).parent.parent
@@ -98,127 +94,45 @@ def run_scenarios(
     """Run `names` from `script` in `nproc` workers; return {name: [rank0, rank1, ...]}.
     `group_timeout_s`: the workers' process-group timeout (harness.py reads it), short where
     a rank left waiting must fail its scenario rather than pass late."""
+    proc = start_scenarios(
+        script, names, out, nproc=nproc, extra_args=extra_args, group_timeout_s=group_timeout_s
+    )
+    return finish_scenarios(proc, out, names, nproc, timeout)
+
+
+def start_scenarios(
+    script: str,
+    names: list[str],
+    out: Path,
+    *,
+    nproc: int,
+    extra_args: list[str] | None = None,
+    group_timeout_s: float | None = None,
+) -> subprocess.Popen[str]:
+    """The torchrun launch of `run_scenarios`, started and not waited for."""
     cmd = torchrun_command(
         ["--standalone", f"--nproc_per_node={nproc}", *(extra_args or [])], script, out, names
     )
     env = torchrun_env()
     if group_timeout_s is not None:
         env["DDPGRAPH_TEST_PG_TIMEOUT"] = str(group_timeout_s)
-    proc = subprocess.run(
-        cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    (out / "torchrun.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    return collect(out, names, nproc, proc)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-# The script that runs the scenarios of several scripts in one launch.
-TOGETHER = "together.py"
-
-
-def together_name(script: str, name: str) -> str:
-    """`name` of `script` as together.py reads it: "recording:x" of a.py is "recording:a.x"."""
-    kind, sep, base = name.rpartition(":")
-    return f"{kind}{sep}{Path(script).stem}.{base}"
-
-
-@dataclass
-class _Launch:
-    """The scenarios that will share one torchrun launch of `nproc` processes."""
-
-    nproc: int
-    group_timeout_s: float | None
-    members: list[Batch] = field(default_factory=list)
-    found: dict[str, list[dict[str, Any]]] | None = None
-
-
-_launches: dict[tuple[int, float | None], _Launch] = {}
-_batches: list[Batch] = []
-
-
-@dataclass(eq=False)
-class Batch:
-    """One test module's scenarios in a launch shared with other modules (`batched`)."""
-
-    launch: _Launch
-    script: str
-    names: list[str]
-    timeout: float
-    # False once the session's selection (`-k`, a node id) left no test of its module.
-    selected: bool = True
-
-    def results(self, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-        """{name: [rank0, rank1, ...]} for this module's names; the first module to ask
-        runs the whole launch: the scenarios of every selected module, in the order the
-        modules were imported."""
-        launch = self.launch
-        if launch.found is None:
-            members = [b for b in launch.members if b.selected or b is self]
-            timeout = (
-                ""
-                if launch.group_timeout_s is None
-                else f"_group_timeout{launch.group_timeout_s:g}s"
-            )
-            out = tmp_path_factory.mktemp(f"together_{launch.nproc}proc{timeout}_")
-            names = [together_name(b.script, n) for b in members for n in b.names]
-            launch.found = {}  # a launch that raised is not run again by the next module
-            launch.found = run_scenarios(
-                TOGETHER,
-                names,
-                out,
-                nproc=launch.nproc,
-                timeout=sum(b.timeout for b in members),
-                group_timeout_s=launch.group_timeout_s,
-            )
-        missing = [
-            {
-                "error": (
-                    "the shared launch did not finish, or left this module out "
-                    "(see the first test that used it)"
-                )
-            }
-        ]
-        return {
-            n: launch.found.get(together_name(self.script, n), missing * launch.nproc)
-            for n in self.names
-        }
-
-
-def batched(
-    script: str,
-    names: list[str],
-    *,
-    nproc: int,
-    timeout: float,
-    group_timeout_s: float | None = None,
-) -> Batch:
-    """`run_scenarios(script, names, ...)`, run later in one launch with the scenarios of
-    every other module that asks for the same `nproc` and `group_timeout_s`.
-
-    Call it when the module is imported: pytest imports every test module before it runs
-    any test, so the launch, made when a test first needs results, holds all of them. Its
-    time limit is the sum of the members' (`timeout` each, as for `run_scenarios`)."""
-    key = (nproc, group_timeout_s)
-    launch = _launches.get(key)
-    if launch is None or launch.found is not None:
-        launch = _launches[key] = _Launch(nproc, group_timeout_s)
-    batch = Batch(launch, script, list(names), timeout)
-    launch.members.append(batch)
-    _batches.append(batch)
-    return batch
-
-
-def select_batches(modules: list[Any]) -> None:
-    """Leave out of the shared launches the batches of modules none of whose tests the
-    session runs (tests/conftest.py calls it with the selected tests' modules): a module
-    holds its batches at its top level, alone or as the values of a dict."""
-    held: set[int] = set()
-    for module in modules:
-        for value in vars(module).values():
-            for item in value.values() if isinstance(value, dict) else [value]:
-                if isinstance(item, Batch):
-                    held.add(id(item))
-    for batch in _batches:
-        batch.selected = id(batch) in held
+def finish_scenarios(
+    proc: subprocess.Popen[str], out: Path, names: list[str], nproc: int, timeout: float
+) -> dict[str, list[dict[str, Any]]]:
+    """Wait for a launch of `start_scenarios` (killed past `timeout`, which raises), keep
+    its log beside its results and read them."""
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    (out / "torchrun.log").write_text(stdout + "\n--- stderr ---\n" + stderr)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return collect(out, names, nproc, done)
 
 
 def collect(

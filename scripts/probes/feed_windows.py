@@ -61,22 +61,41 @@ def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.d
     (chosen,) = select([strategy])
     assert chosen.build is not None
     runner = chosen.build(case, case.fresh_model())
-    per_window = sum(WINDOWS) * args.repeats
+    windows = [int(w) for w in args.windows.split(",")]
+    per_window = sum(windows) * args.repeats
     device_batches = device_feed(batches, device)
     loader = loader_feed(batches, 40 + per_window, workers=4, pin_memory=on_cuda)
     moved = loader_feed(batches, 20 + per_window, workers=4, pin_memory=on_cuda)
-    times: dict[str, dict[int, list[float]]] = {"device": {}, "dataloader": {}, "moved": {}}
+    # Other loader setups (--loaders), to tell the pin-memory thread's share from the
+    # workers': "4:unpinned" is 4 workers without pinning, "0:pinned" no workers.
+    others = {
+        spec: loader_feed(
+            batches,
+            20 + per_window,
+            workers=int(spec.split(":")[0]),
+            pin_memory=spec.endswith(":pinned"),
+        )
+        for spec in filter(None, args.loaders.split(","))
+    }
+    times: dict[str, dict[int, list[float]]] = {
+        name: {} for name in ("device", "dataloader", "moved", *others)
+    }
     try:
         # One feed after the other, as the bench runs them: a captured step given host
         # inputs after device ones is a new step, which captures again in its warm-up.
         # "moved": the DataLoader's batches copied to the device by the loop itself
         # (`.to(device, non_blocking=True)`), as most training scripts write it.
-        feeds = (("device", device_batches), ("dataloader", loader), ("moved", _to(moved, device)))
+        feeds = (
+            ("device", device_batches),
+            ("dataloader", loader),
+            ("moved", _to(moved, device)),
+            *others.items(),
+        )
         for name, feed in feeds:
             for _ in range(20):  # compile, DDP's first iterations, capture
                 runner.step(*next(feed))
             for _ in range(args.repeats):
-                for w in WINDOWS:
+                for w in windows:
                     times[name].setdefault(w, []).append(_window_ms(runner, feed, w, device))
         takes = []
         for _ in range(10):
@@ -86,8 +105,8 @@ def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.d
             runner.step(x, y)
             synchronize(device)
     finally:
-        loader.close()
-        moved.close()
+        for feed in (loader, moved, *others.values()):
+            feed.close()
         runner.close()
     row = {
         "model": model,
@@ -110,6 +129,8 @@ def main() -> None:
     parser.add_argument("--strategies", default="whole,compile,reduce-overhead")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--windows", default=",".join(map(str, WINDOWS)))
+    parser.add_argument("--loaders", default="", help='more loader setups: "4:unpinned,0:pinned"')
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     info = ddpgraph.init_distributed()
@@ -123,7 +144,13 @@ def main() -> None:
                 f"w{w}: {ms['device'][w]:.2f} / {ms['dataloader'][w]:.2f} / {ms['moved'][w]:.2f}"
                 f" ({ms['dataloader'][w] / ms['device'][w]:.3f}, "
                 f"{ms['moved'][w] / ms['device'][w]:.3f})"
-                for w in WINDOWS
+                for w in ms["device"]
+            )
+            cells += "".join(
+                f"; {name} w{w}: {ms[name][w]:.2f} ({ms[name][w] / ms['device'][w]:.3f})"
+                for name in ms
+                if name not in ("device", "dataloader", "moved")
+                for w in ms[name]
             )
             print(
                 f"{model} {strategy}: device / DataLoader / moved by the loop, ms/step by "

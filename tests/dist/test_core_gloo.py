@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from launcher import batched, ok, run_scenarios_multinode
+from launcher import ok, run_scenarios_multinode
+from shared_launches import batched
 from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess

@@ -12,7 +12,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from launcher import batched, ok  # noqa: E402
+from launcher import ok  # noqa: E402
+from shared_launches import batched  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 CAPTURED = ["bert", "moe", "moe_bf16", "syncbn", "ckpt", "ckpt_reentrant"]

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from launcher import batched, ok
+from launcher import ok
+from shared_launches import batched
 from variants import VARIANTS, both_backends, key
 
 pytestmark = pytest.mark.multiprocess

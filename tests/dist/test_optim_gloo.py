@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from launcher import batched, ok
+from launcher import ok
+from shared_launches import batched
 
 pytestmark = pytest.mark.multiprocess
 

@@ -17,7 +17,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from launcher import batched, ok  # noqa: E402
+from launcher import ok  # noqa: E402
+from shared_launches import batched  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 CAPTURED = ["cosine", "linear_bf16", "evaluate", "no_clipping", "dropout", "compiled"]

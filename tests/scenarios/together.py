@@ -1,4 +1,4 @@
-"""The scenarios of several scripts in one torchrun launch (tests/launcher.py `batched`):
+"""The scenarios of several scripts in one torchrun launch (tests/shared_launches.py `batched`):
 a launch costs every process a PyTorch import, and the test files that share a launch
 pay it once.
 
