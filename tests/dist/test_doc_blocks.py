@@ -83,10 +83,12 @@ def test_a_failing_block_and_a_gpu_only_block(launched: tuple[Launched, Path]) -
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """A copy of the repository and a virtual environment that sees this one's packages
-    (so `pip install -e .` installs the copy and fetches nothing it already has)."""
+    (so `pip install -e .` installs the copy and fetches nothing it already has). The copy
+    leaves out the virtual environment CI makes inside the checkout (.venv, 1.4 GB with
+    PyTorch), which nothing run in the copy uses."""
     root = tmp_path_factory.mktemp("firstcontact")
     repo = root / "repo"
-    shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", ".*_cache", "out"))
+    shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", ".*_cache", "out"))
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     [packages] = list((venv / "lib").glob("python*/site-packages"))
