@@ -72,10 +72,9 @@ def _destroy_process_group_at_exit() -> Iterator[None]:
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they leave out
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # A stable sort: modules stay whole and in order, those reading a launch last.
-    items.sort(key=lambda item: shared_launches.reads_a_launch(getattr(item, "module", None)))
-    modules = {id(m): m for item in items if (m := getattr(item, "module", None)) is not None}
-    shared_launches.select_batches(list(modules.values()))
+    # A stable sort: modules stay whole and in order, those reading background runs last.
+    items.sort(key=lambda item: shared_launches.reads_background(getattr(item, "module", None)))
+    shared_launches.select(items)
     if any(item.nodeid.endswith("test_code_quality.py::test_mypy_is_clean") for item in items):
         code_checks.start_mypy()
 

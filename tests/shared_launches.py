@@ -1,29 +1,33 @@
-"""Scenario launches shared by test modules, run in the background while other tests run.
+"""Scenario launches shared by test modules, and other long runs tests only read, made in
+the background while other tests run.
 
 A torchrun launch costs every process a PyTorch import, so the modules that ask for the
 same number of processes and process-group timeout share one: `batched`, called when a
-module is imported, adds the module's scenarios to it. Once the session has selected its
-tests, tests/conftest.py puts the modules that read a launch after every other test and
-calls `start`: one background thread runs the selected launches one after another, in the
-order their tests will ask, while the tests that need none run. The waiting the suite
-does (a hang test sitting out its time limit, the watchdog's timeouts, a process start)
-then leaves the CPU to the launches rather than to nobody. A test that needs a launch's
-results waits for that launch only; one the thread has not reached it runs itself.
+module is imported, adds the module's scenarios to it. A module's other long runs (a
+doctor run of a script, say) are declared the same way with `prefetched`. Once the
+session has selected its tests, tests/conftest.py puts the modules that read any of them
+after every other test and calls `start`: one background thread runs the selected ones
+one after another, in the order their tests will ask, while the tests that need none
+run. The waiting the suite does (a hang test sitting out its time limit, the watchdog's
+timeouts, a process start) then leaves the CPU to them rather than to nobody. A test
+waits for what it reads only; what the thread has not reached yet, the test runs itself.
 """
 
 from __future__ import annotations
 
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pytest
 
 from launcher import finish_scenarios, start_scenarios
 
 Results = dict[str, list[dict[str, Any]]]
+T = TypeVar("T")
 
 # The script that runs the scenarios of several scripts in one launch.
 TOGETHER = "together.py"
@@ -35,18 +39,42 @@ def together_name(script: str, name: str) -> str:
     return f"{kind}{sep}{Path(script).stem}.{base}"
 
 
+class _Job:
+    """Run once: by the background thread or by the first test that needs it, whichever
+    claims it first; the others wait for it."""
+
+    def __init__(self) -> None:
+        self.claimed = False
+        self.done = threading.Event()
+
+    def claim(self) -> bool:
+        with _lock:
+            mine, self.claimed = not self.claimed, True
+        return mine
+
+    def in_background(self, tmp_path_factory: pytest.TempPathFactory) -> Callable[[], None]:
+        """What the background thread calls (made in the main thread: `mktemp` is not
+        for other threads)."""
+        raise NotImplementedError
+
+
 @dataclass(eq=False)
-class _Launch:
+class _Launch(_Job):
     """The scenarios that will share one torchrun launch of `nproc` processes."""
 
     nproc: int
     group_timeout_s: float | None
     members: list[Batch] = field(default_factory=list)
     found: Results | None = None
-    claimed: bool = False  # by the background thread or by a test, whichever came first
-    done: threading.Event = field(default_factory=threading.Event)
     proc: subprocess.Popen[str] | None = None
     error: str | None = None  # what the launch raised
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    def in_background(self, tmp_path_factory: pytest.TempPathFactory) -> Callable[[], None]:
+        out, members = tmp_path_factory.mktemp(self.label), [b for b in self.members if b.selected]
+        return lambda: self.run(out, members)
 
     @property
     def label(self) -> str:
@@ -72,7 +100,7 @@ class _Launch:
 
 _launches: dict[tuple[int, float | None], _Launch] = {}
 _batches: list[Batch] = []
-_order: list[_Launch] = []  # the selected launches, in the order their tests will ask
+_order: list[_Job] = []  # the selected jobs, in the order their tests will ask
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
 
@@ -92,10 +120,7 @@ class Batch:
         """{name: [rank0, rank1, ...]} for this module's names, once its launch has run:
         the scenarios of every selected module, in the order the modules were imported."""
         launch = self.launch
-        with _lock:
-            mine = not launch.claimed
-            launch.claimed = True
-        if mine:
+        if launch.claim():
             members = [b for b in launch.members if b.selected or b is self]
             launch.run(tmp_path_factory.mktemp(launch.label), members)
         launch.done.wait()
@@ -135,51 +160,101 @@ def batched(
     return batch
 
 
-def _held(module: Any) -> list[Batch]:
-    """The batches a module holds at its top level, alone or as the values of a dict."""
+class Prefetched(_Job, Generic[T]):
+    """A call whose result a test reads (`prefetched`)."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        super().__init__()
+        self._call = call
+        self._value: T | None = None
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self._value = self._call()
+        except BaseException as err:  # raised again in the test that reads it
+            self._error = err
+        finally:
+            self.done.set()
+
+    def in_background(self, tmp_path_factory: pytest.TempPathFactory) -> Callable[[], None]:
+        return self._run
+
+    def result(self) -> T:
+        if self.claim():
+            self._run()
+        self.done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+def prefetched(call: Callable[[], T]) -> Prefetched[T]:
+    """`call()`, made once in the background when the session starts, if a test of the
+    module that holds it (at its top level, alone or as the values of a dict) is
+    selected; `.result()` waits for it and returns it, or raises what it raised. For
+    long runs of processes a test only reads, such as a doctor run of a script."""
+    return Prefetched(call)
+
+
+def _held(module: Any) -> list[Batch | Prefetched[Any]]:
+    """The batches and prefetched calls a module holds at its top level, alone or as the
+    values of a dict."""
     return [
         item
         for value in vars(module).values()
         for item in (value.values() if isinstance(value, dict) else [value])
-        if isinstance(item, Batch)
+        if isinstance(item, (Batch, Prefetched))
     ]
 
 
-def reads_a_launch(module: Any) -> bool:
+def reads_background(module: Any) -> bool:
     return module is not None and bool(_held(module))
 
 
-def select_batches(modules: list[Any]) -> None:
-    """Leave out of the shared launches the batches of modules none of whose tests the
-    session runs; `modules` are the selected tests' modules, in the order they will run,
-    which is the order `start` runs their launches in."""
-    held = [b for module in modules for b in _held(module)]
+def plan(items: list[Any]) -> tuple[list[Batch], list[_Job]]:
+    """The batches the session's launches hold, and what the background runs, in order:
+    the launches of modules with a selected test, the prefetched calls of modules whose
+    tests are all selected (a test runs what it reads itself); `items` are the selected
+    tests, in the order they will run."""
+    chosen: dict[int, tuple[Any, set[str]]] = {}
+    for item in items:
+        if (module := getattr(item, "module", None)) is not None:
+            names = chosen.setdefault(id(module), (module, set()))[1]
+            names.add(getattr(item, "originalname", item.name))
+    held: list[Batch | Prefetched[Any]] = []
+    for module, names in chosen.values():
+        whole = {name for name in vars(module) if name.startswith("test_")} <= names
+        held += [i for i in _held(module) if isinstance(i, Batch) or whole]
+    jobs = [item.launch if isinstance(item, Batch) else item for item in held]
+    return [b for b in held if isinstance(b, Batch)], list(dict.fromkeys(jobs))
+
+
+def select(items: list[pytest.Item]) -> None:
+    """Keep `plan(items)`: what the launches hold and what `start` runs."""
+    batches, _order[:] = plan(items)
     for batch in _batches:
-        batch.selected = batch in held
-    _order[:] = list(dict.fromkeys(b.launch for b in held))
+        batch.selected = batch in batches
 
 
 def start(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Run the selected launches one after another in a background thread."""
+    """Run the selected launches and calls one after another in a background thread."""
     global _thread
     if _thread is not None or not _order:
         return
-    todo = [(launch, tmp_path_factory.mktemp(launch.label)) for launch in _order]
+    todo = [(job, job.in_background(tmp_path_factory)) for job in _order]
 
     def run_all() -> None:
-        for launch, out in todo:
-            with _lock:
-                mine = not launch.claimed
-                launch.claimed = True
-            if mine:
-                launch.run(out, [b for b in launch.members if b.selected])
+        for job, run in todo:
+            if job.claim():
+                run()
 
-    _thread = threading.Thread(target=run_all, name="scenario-launches", daemon=True)
+    _thread = threading.Thread(target=run_all, name="background-runs", daemon=True)
     _thread.start()
 
 
 def stop() -> None:
     """At the session's end: a launch still running (its tests were interrupted) goes."""
-    for launch in _order:
-        if launch.proc is not None and launch.proc.poll() is None:
-            launch.proc.kill()
+    for job in _order:
+        if isinstance(job, _Launch) and job.proc is not None and job.proc.poll() is None:
+            job.proc.kill()

@@ -1,0 +1,62 @@
+"""The suite's background runs (tests/shared_launches.py): what is run ahead, and once."""
+
+from __future__ import annotations
+
+import threading
+import types
+from typing import Any
+
+import shared_launches
+from shared_launches import prefetched
+
+
+class _Item:
+    """What `select` reads of a pytest item: its module and its function's name."""
+
+    def __init__(self, module: Any, name: str) -> None:
+        self.module, self.name, self.originalname = module, name, name
+
+
+def _module(name: str, **held: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.test_one = lambda: None  # type: ignore[attr-defined]
+    module.test_two = lambda: None  # type: ignore[attr-defined]
+    vars(module).update(held)
+    return module
+
+
+def test_a_call_is_run_ahead_only_when_every_test_of_its_module_is_selected() -> None:
+    whole = _module("whole", RUN=prefetched(lambda: 1))
+    part = _module("part", RUNS={"a": prefetched(lambda: 2)})
+    _, jobs = shared_launches.plan(
+        [_Item(whole, "test_one"), _Item(whole, "test_two"), _Item(part, "test_one")]
+    )
+    assert jobs == [whole.RUN]
+    assert shared_launches.reads_background(part) and not shared_launches.reads_background(None)
+
+
+def test_a_call_runs_once_whoever_asks_first_and_raises_in_each_reader() -> None:
+    calls: list[int] = []
+
+    def failing() -> int:
+        calls.append(1)
+        raise ValueError("the run failed")
+
+    job = prefetched(failing)
+    raised: list[str] = []
+
+    def read() -> None:
+        try:
+            job.result()
+        except ValueError as err:
+            raised.append(str(err))
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    read()
+    assert calls == [1] and raised == ["the run failed"] * 4
+    ok = prefetched(lambda: {"status": 0})
+    assert ok.result() is ok.result()
