@@ -26,7 +26,9 @@
 #                    scripts/feed_ratio.py: each row's DataLoader/device ms ratio, target
 #                    1.05 (6-8 min, its own limit of 540 s; $OUT/feeds-ratio.md)
 #   feed-windows     scripts/probes/feed_windows.py on hf-llama and timm-vit: each feed's
-#                    ms/step by timing window of 1-20 steps, side by side (2-4 min)
+#                    ms/step by timing window of 1-20 steps, side by side (2-4 min);
+#                    WINDOW_MODELS, WINDOW_STRATS, and WINDOW_ARGS for more of its
+#                    options ("--windows 10 --loaders 4:unpinned,0:pinned")
 #   integrations     scripts/probes/integrations_speed.py, torchrun 1  (1-2 min)
 #   trainer          scripts/probes/trainer_bench.py, torchrun 1: plain transformers.Trainer,
 #                    the graph-safe reference and CUDAGraphTrainer on hf-gpt2 and hf-llama,
@@ -79,7 +81,7 @@ for stage in "$@"; do
       python3 scripts/feed_ratio.py "$OUT/feeds-presets.json" | tee "$OUT/feeds-ratio.md" ;;
     feed-windows) run feed-windows torchrun --standalone --nproc_per_node=1 scripts/probes/feed_windows.py \
         --model "${WINDOW_MODELS:-hf-llama,timm-vit}" --strategies "${WINDOW_STRATS:-whole,compile,reduce-overhead}" \
-        --json "$OUT/feed-windows.json" ;;
+        ${WINDOW_ARGS:-} --json "$OUT/feed-windows.json" ;;
     integrations) run integrations torchrun --standalone --nproc_per_node=1 scripts/probes/integrations_speed.py ;;
     trainer) run trainer torchrun --standalone --nproc_per_node=1 scripts/probes/trainer_bench.py \
         --json "$OUT/trainer.json" ;;
