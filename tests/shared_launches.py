@@ -52,6 +52,12 @@ class _Job:
             mine, self.claimed = not self.claimed, True
         return mine
 
+    def wait_for(self, run: Callable[[], None]) -> None:
+        """Until it has run: `run()` here if nobody claimed it yet."""
+        if self.claim():
+            run()
+        self.done.wait()
+
     def in_background(self, tmp_path_factory: pytest.TempPathFactory) -> Callable[[], None]:
         """What the background thread calls (made in the main thread: `mktemp` is not
         for other threads)."""
@@ -84,7 +90,6 @@ class _Launch(_Job):
     def run(self, out: Path, members: list[Batch]) -> None:
         """The launch, in whichever thread claimed it; its results, or none if it raised."""
         names = [together_name(b.script, n) for b in members for n in b.names]
-        self.found = {}  # a launch that raised is not run again by the next module
         try:
             self.proc = start_scenarios(
                 TOGETHER, names, out, nproc=self.nproc, group_timeout_s=self.group_timeout_s
@@ -120,16 +125,14 @@ class Batch:
         """{name: [rank0, rank1, ...]} for this module's names, once its launch has run:
         the scenarios of every selected module, in the order the modules were imported."""
         launch = self.launch
-        if launch.claim():
-            members = [b for b in launch.members if b.selected or b is self]
-            launch.run(tmp_path_factory.mktemp(launch.label), members)
-        launch.done.wait()
-        why = (
-            f"the shared launch raised {launch.error}"
-            if launch.error
-            else ("the shared launch left this module out")
+        launch.wait_for(
+            lambda: launch.run(
+                tmp_path_factory.mktemp(launch.label),
+                [b for b in launch.members if b.selected or b is self],
+            )
         )
-        missing = [{"error": f"{why} (its log: torchrun.log in {launch.label}*)"}]
+        why = f"raised {launch.error}" if launch.error else "left this module out"
+        missing = [{"error": f"the shared launch {why} (its log: torchrun.log in {launch.label}*)"}]
         found = launch.found or {}
         return {
             n: found.get(together_name(self.script, n), missing * launch.nproc) for n in self.names
@@ -181,19 +184,18 @@ class Prefetched(_Job, Generic[T]):
         return self._run
 
     def result(self) -> T:
-        if self.claim():
-            self._run()
-        self.done.wait()
+        self.wait_for(self._run)
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
 
 
 def prefetched(call: Callable[[], T]) -> Prefetched[T]:
-    """`call()`, made once in the background when the session starts, if a test of the
-    module that holds it (at its top level, alone or as the values of a dict) is
-    selected; `.result()` waits for it and returns it, or raises what it raised. For
-    long runs of processes a test only reads, such as a doctor run of a script."""
+    """`call()`, made once in the background when the session starts, if every test of
+    the module that holds it (at its top level, alone or as the values of a dict) is
+    selected, or else by the first test that reads it. `.result()` waits for it and
+    returns it, or raises what it raised. For long runs of processes a test only reads,
+    such as a doctor run of a script."""
     return Prefetched(call)
 
 
