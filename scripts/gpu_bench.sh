@@ -28,7 +28,8 @@
 #   feed-windows     scripts/probes/feed_windows.py on hf-llama and timm-vit: each feed's
 #                    ms/step by timing window of 1-20 steps, side by side (2-4 min);
 #                    WINDOW_MODELS, WINDOW_STRATS, and WINDOW_ARGS for more of its
-#                    options ("--windows 10 --loaders 4:unpinned,0:pinned")
+#                    options ("--windows 10 --loaders 4:unpinned,0:pinned --paired 12
+#                    --profile 10": more loaders, alternating windows, the host profiler)
 #   integrations     scripts/probes/integrations_speed.py, torchrun 1  (1-2 min)
 #   trainer          scripts/probes/trainer_bench.py, torchrun 1: plain transformers.Trainer,
 #                    the graph-safe reference and CUDAGraphTrainer on hf-gpt2 and hf-llama,

@@ -9,6 +9,8 @@ up on the device feed and time it, then the same on the bench's DataLoader feed 
 4 workers), in windows of 1, 2, 5, 10 and 20 steps, each window ended by a device
 synchronisation and nothing synchronised inside it. Prints ms/step per feed and
 window, and the host's time to take one batch from the loader (`next()`), median.
+`--paired N` then alternates windows of the device feed and the loop-moved feed N times,
+for a ratio that drift cannot bias; `--profile N` prints each feed's host time per op.
 
 A window of one step exposes everything the host does before the step's first kernel
 (taking the batch, its copy) at every step; a training loop synchronises only when it
@@ -53,6 +55,22 @@ def _to(feed: Iterator[Batch], device: torch.device) -> Iterator[Batch]:
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
+def _profile(
+    name: str, runner: Runner, feed: Iterator[Batch], steps: int, device: torch.device
+) -> None:
+    """The host's own time per op over `steps` steps of one feed: where a feed's extra
+    milliseconds go when the step is bound by the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _window_ms(runner, feed, steps, device)
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    cells = ", ".join(f"{e.key} {e.self_cpu_time_total / steps:.0f}" for e in rows[:12])
+    total = sum(e.self_cpu_time_total for e in rows) / steps
+    print(f"  profile {name}: self CPU us/step {total:.0f}: {cells}", flush=True)
+
+
 def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.device) -> Any:
     work = preset_workload(model)
     on_cuda = device.type == "cuda"
@@ -62,10 +80,11 @@ def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.d
     assert chosen.build is not None
     runner = chosen.build(case, case.fresh_model())
     windows = [int(w) for w in args.windows.split(",")]
-    per_window = sum(windows) * args.repeats
+    per_window = sum(windows) * args.repeats + args.profile
     device_batches = device_feed(batches, device)
     loader = loader_feed(batches, 40 + per_window, workers=4, pin_memory=on_cuda)
-    moved = loader_feed(batches, 20 + per_window, workers=4, pin_memory=on_cuda)
+    paired_steps = args.paired * max(windows)
+    moved = loader_feed(batches, 20 + per_window + paired_steps, workers=4, pin_memory=on_cuda)
     # Other loader setups (--loaders), to tell the pin-memory thread's share from the
     # workers': "4:unpinned" is 4 workers without pinning, "0:pinned" no workers.
     others = {
@@ -78,8 +97,9 @@ def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.d
         for spec in filter(None, args.loaders.split(","))
     }
     times: dict[str, dict[int, list[float]]] = {
-        name: {} for name in ("device", "dataloader", "moved", *others)
+        name: {} for name in ("device", "dataloader", "moved", *others, "device-again")
     }
+    paired: list[float] = []
     try:
         # One feed after the other, as the bench runs them: a captured step given host
         # inputs after device ones is a new step, which captures again in its warm-up.
@@ -90,6 +110,7 @@ def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.d
             ("dataloader", loader),
             ("moved", _to(moved, device)),
             *others.items(),
+            ("device-again", device_batches),  # the same feed later: drift over time
         )
         for name, feed in feeds:
             for _ in range(20):  # compile, DDP's first iterations, capture
@@ -97,6 +118,17 @@ def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.d
             for _ in range(args.repeats):
                 for w in windows:
                     times[name].setdefault(w, []).append(_window_ms(runner, feed, w, device))
+            if args.profile:
+                _profile(name, runner, feed, args.profile, device)
+        # Paired rounds: a window of the device feed, then one of the loop-moved feed,
+        # again and again, so both see the same drift of a host-bound step's speed.
+        # (Both give the step device tensors: no runner sees a new kind of input.)
+        moved_feed = feeds[2][1]
+        for _ in range(args.paired):
+            pair = [
+                _window_ms(runner, f, max(windows), device) for f in (device_batches, moved_feed)
+            ]
+            paired.append(pair[1] / pair[0])
         takes = []
         for _ in range(10):
             start = time.perf_counter()
@@ -113,6 +145,7 @@ def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.d
         "strategy": strategy,
         "eager_calls": getattr(runner, "eager_calls", None),
         "next_us": statistics.median(takes),
+        "paired_moved_over_device": paired,
         "ms": {
             feed: {w: statistics.median(v) for w, v in per.items()} for feed, per in times.items()
         },
@@ -131,6 +164,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--windows", default=",".join(map(str, WINDOWS)))
     parser.add_argument("--loaders", default="", help='more loader setups: "4:unpinned,0:pinned"')
+    parser.add_argument("--paired", type=int, default=0, help="alternate device/moved N times")
+    parser.add_argument("--profile", type=int, default=0, help="profile N steps of each feed")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     info = ddpgraph.init_distributed()
@@ -152,6 +187,12 @@ def main() -> None:
                 if name not in ("device", "dataloader", "moved")
                 for w in ms[name]
             )
+            if row["paired_moved_over_device"]:
+                pairs = sorted(row["paired_moved_over_device"])
+                cells += (
+                    f"; paired moved/device: median {statistics.median(pairs):.3f}"
+                    f" ({pairs[0]:.3f}-{pairs[-1]:.3f}, {len(pairs)} rounds)"
+                )
             print(
                 f"{model} {strategy}: device / DataLoader / moved by the loop, ms/step by "
                 f"window: {cells}; "
