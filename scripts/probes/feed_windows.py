@@ -100,6 +100,7 @@ def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.d
         name: {} for name in ("device", "dataloader", "moved", *others, "device-again")
     }
     paired: list[float] = []
+    moved_batches = _to(moved, device)
     try:
         # One feed after the other, as the bench runs them: a captured step given host
         # inputs after device ones is a new step, which captures again in its warm-up.
@@ -108,7 +109,7 @@ def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.d
         feeds = (
             ("device", device_batches),
             ("dataloader", loader),
-            ("moved", _to(moved, device)),
+            ("moved", moved_batches),
             *others.items(),
             ("device-again", device_batches),  # the same feed later: drift over time
         )
@@ -123,10 +124,9 @@ def measure(model: str, strategy: str, args: argparse.Namespace, device: torch.d
         # Paired rounds: a window of the device feed, then one of the loop-moved feed,
         # again and again, so both see the same drift of a host-bound step's speed.
         # (Both give the step device tensors: no runner sees a new kind of input.)
-        moved_feed = feeds[2][1]
         for _ in range(args.paired):
             pair = [
-                _window_ms(runner, f, max(windows), device) for f in (device_batches, moved_feed)
+                _window_ms(runner, f, max(windows), device) for f in (device_batches, moved_batches)
             ]
             paired.append(pair[1] / pair[0])
         takes = []
