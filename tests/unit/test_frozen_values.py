@@ -24,7 +24,8 @@ from ddpgraph.frozen.wording import frozen_finding, guard_finding
 def _watch(
     fn: Any, reference: ValueWatch | None = None, model: nn.Module | None = None
 ) -> ValueWatch:
-    with watching(ValueWatch(reference.trace if reference else None), model) as watch:
+    models = [model] if model is not None else []
+    with watching(ValueWatch(reference.trace if reference else None), models) as watch:
         fn()
     return watch
 

@@ -247,6 +247,14 @@ def test_a_model_compiled_by_the_user(process_group, batches) -> None:
     assert isinstance(step, CompiledStep) and step.compiled is None
     _train(step, batches(13))
     assert step.state is StepState.CAPTURED and step.stats.warmup_steps == 11
+    # The watched warm-up steps run the user's wrapper outside the value watch: a mode on
+    # the stack is one of Dynamo's guards, and would make it compile the model again.
+    assert not [
+        reason
+        for reasons in torch._dynamo.utils.guard_failures.values()
+        for reason in reasons
+        if "torch_function_mode_stack" in str(reason)
+    ]
 
 
 def test_a_model_compiled_with_its_own_graphs_is_refused(process_group) -> None:

@@ -36,7 +36,7 @@ optimizers' first-step state are long past when the watched steps run (the last
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -226,8 +226,9 @@ class ValueWatch(TorchFunctionMode):
 
 
 @contextmanager
-def watching(watch: ValueWatch, model: nn.Module | None) -> Iterator[ValueWatch]:
-    """Run the block under `watch`, out of compiled code, with optimizer steps marked."""
+def watching(watch: ValueWatch, models: Sequence[nn.Module] = ()) -> Iterator[ValueWatch]:
+    """Run the block under `watch`, out of the compiled code in or around `models`,
+    with optimizer steps marked."""
     pre = getattr(optimizer_module, "register_optimizer_step_pre_hook", None)
     post = getattr(optimizer_module, "register_optimizer_step_post_hook", None)
     failures = _guard_failure_counts()
@@ -235,7 +236,7 @@ def watching(watch: ValueWatch, model: nn.Module | None) -> Iterator[ValueWatch]
         if pre is not None and post is not None:
             stack.callback(pre(watch.optimizer_started).remove)
             stack.callback(post(watch.optimizer_ended).remove)
-        if model is not None:
+        for model in models:
             outside_compiled(model, watch, stack)
         stack.enter_context(watch)
         try:

@@ -71,6 +71,8 @@ class ValueChecks:
 
     def __init__(self, model: nn.Module, every: int | None, on_failure: str) -> None:
         self._model = model
+        # The modules whose compiled parts the watched calls run outside the watch.
+        self._compiled_roots: list[nn.Module] = [model]
         self.every = check_interval(every)
         self._action = Action.RECAPTURE if on_failure == "eager" else Action.EAGER
         self._armed: tuple[ValueWatch, Callable[[ValueWatch], None]] | None = None
@@ -91,12 +93,18 @@ class ValueChecks:
             if armed is None:
                 return fn(*args, **kwargs)
             watch, done = armed
-            with watching(watch, self._model):
+            with watching(watch, self._compiled_roots):
                 out = fn(*args, **kwargs)
             done(watch)
             return out
 
         return watched
+
+    def also_outside(self, wrapper: nn.Module) -> None:
+        """The watched calls also run `wrapper`, a `torch.compile` wrapper around the
+        model (`torch.compile(ddp)`, as Trainer's `torch_compile` makes), outside the
+        watch: the model's own modules do not lead to it."""
+        self._compiled_roots.append(wrapper)
 
     # ----------------------------------------------------------------- warm-up
     @staticmethod

@@ -100,6 +100,12 @@ class CheckedCalls(FamilySteps[R]):
         )
         self._fn = self._values.wrap(fn)
 
+    def watch_outside(self, wrapper: nn.Module) -> None:
+        """The step calls `wrapper`, a `torch.compile` wrapper around the model: its
+        compiled code runs outside the watch of the step's Python values, as the model's
+        compiled modules do (a mode on the stack would make Dynamo compile it again)."""
+        self._values.also_outside(wrapper)
+
     def _watch_warmup(
         self,
         args: tuple[Any, ...],

@@ -132,6 +132,8 @@ class CompiledStep(StepBase[R]):
         super().__init__()
         self._fn = fn
         self._target = unwrap_compiled(model)
+        # The user's `torch.compile` wrapper, when the model is one (None otherwise).
+        self._wrapper = model if self._target is not model else None
         self._optimizers = optimizers  # checked by the captured step, agreed on every rank
         self._options = options
         self._device = ddp_tools.model_device(self._target)
@@ -243,6 +245,8 @@ class CompiledStep(StepBase[R]):
         core = CapturedStep(
             self._watched, model=self._target, optimizers=self._optimizers, options=self._options
         )
+        if self._wrapper is not None:
+            core.watch_outside(self._wrapper)
         core.hold()
         return core
 
