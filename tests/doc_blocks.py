@@ -22,6 +22,8 @@ An HTML comment on the line(s) just before a block changes that, one directive e
   (the whole test suite, for instance). Use sparingly; the reason is printed.
 * ``<!-- doc-test: excerpt PATH -->``: it is an excerpt of PATH (relative to the
   repository): each of its lines, stripped of comments, must be a line of PATH.
+* ``<!-- doc-test: run-by PATH -->``: a bash block the test module PATH runs as typed
+  and checks the results of (`run_by`), so that the suite runs it once rather than twice.
 * ``<!-- doc-test: setup`` ... ``-->`` (several lines): Python run before the block in
   its namespace: the objects a fragment refers to (a model, a loader).
   ``<!-- doc-test: file-setup`` ... ``-->`` anywhere in a file is run before each of its
@@ -46,7 +48,7 @@ from launcher import collect, torchrun_env
 
 REPO = Path(__file__).resolve().parent.parent
 CODE_LANGUAGES = {"python": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
-DIRECTIVES = {"gpu-only", "skip", "excerpt", "setup", "file-setup"}
+DIRECTIVES = {"gpu-only", "skip", "excerpt", "setup", "file-setup", "run-by"}
 _FENCE = re.compile(r"^```\s*([\w+-]*)\s*$")
 _COMMENT = re.compile(r"<!--\s*doc-test:\s*([\w-]+)(.*?)-->", re.S)
 
@@ -86,6 +88,12 @@ class Block:
             commands.append(current + line)
             current = ""
         return commands
+
+
+def run_by(test_file: str) -> list[Block]:
+    """The blocks whose `run-by` directive names `test_file` (relative to the repository),
+    in the order of the documents."""
+    return [b for p in documents() for b in blocks(p) if b.directives.get("run-by") == test_file]
 
 
 def documents() -> list[Path]:

@@ -1,10 +1,14 @@
 """`ddpgraph bench --seq-lens` end to end on two CPU processes (gloo), as a user types it:
 the eager rows run, the capture_step rows run emulated (the recording backend), with a
-family of graphs for the buckets, and the GPU-only rows are skipped with a reason."""
+family of graphs for the buckets, and the GPU-only rows are skipped with a reason.
+
+The command is the one docs/benchmarks.md shows for it (its block is marked `run-by` this
+file): this module runs it as typed, so the documentation's test need not run it again."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,18 +17,25 @@ from typing import Any
 import pytest
 
 from ddpgraph.bench import validate
+from doc_blocks import run_by
 from launcher import torchrun_env
 
 pytestmark = pytest.mark.multiprocess
 
-ARGS = ["--cpu", "--seq-lens", "8:32", "--steps", "6", "--nproc", "2", "--json", "varlen.json", "--plot", "varlen.png"]
+[BLOCK] = run_by("tests/dist/test_bench_varlen_cpu.py")
+[COMMAND] = BLOCK.commands()
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("bench_varlen")
-    cmd = [sys.executable, "-m", "ddpgraph", "bench", *ARGS]
-    proc = subprocess.run(cmd, cwd=out, env=torchrun_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert COMMAND.startswith("ddpgraph bench --cpu --seq-lens 8:32") and "--plot varlen.png" in COMMAND
+    env = torchrun_env()
+    # A user's shell: the environment's `ddpgraph` command, and no GPU even on a GPU machine
+    # (two CPU processes, the default without CUDA).
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run(["bash", "-c", COMMAND], cwd=out, env=env, capture_output=True, text=True, timeout=300, check=False)
     (out / "bench.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((out / "varlen.json").read_text()), out

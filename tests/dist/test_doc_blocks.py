@@ -21,7 +21,7 @@ from doc_blocks import REPO, Block, blocks, documents
 
 pytestmark = pytest.mark.multiprocess
 ALL = [b for p in documents() for b in blocks(p)]
-CPU_BASH = [b for b in ALL if b.language == "bash" and b.runs and not b.gpu_only]
+CPU_BASH = [b for b in ALL if b.language == "bash" and b.runs and not b.gpu_only and "run-by" not in b.directives]
 
 
 def test_every_directive_is_known() -> None:
@@ -33,6 +33,15 @@ def test_every_python_and_bash_block_is_run_or_marked() -> None:
     for b in ALL:
         if b.language:
             assert b.runs or b.directives.get("skip") or "excerpt" in b.directives, b.name
+
+
+@pytest.mark.parametrize("block", [b for b in ALL if "run-by" in b.directives], ids=lambda b: b.name)
+def test_a_block_run_by_a_test_module_is_read_by_it(block: Block) -> None:
+    """The module a `run-by` block names takes its commands from the document (the module
+    itself checks that it found them)."""
+    module = REPO / block.directives["run-by"]
+    assert block.language == "bash" and module.is_file(), block.name
+    assert f'run_by("{block.directives["run-by"]}")' in module.read_text(), block.name
 
 
 @pytest.mark.parametrize("block", [b for b in ALL if "excerpt" in b.directives], ids=lambda b: b.name)

@@ -25,8 +25,9 @@ Left to others, because they are watched with their own codes or vary legitimate
   and a non-tensor argument that changes is `checked_calls.unservable`'s (INPUT_SIGNATURE_CHANGED);
 * profiler ranges (`record_function`), which no graph records;
 * code compiled by torch.compile: a mode on the stack is one of Dynamo's guards, so the
-  watch steps out around compiled modules (`outside_compiled`), and the Python values a
-  compiled forward reads are the guards' to check (`dynamo_guard_failures`).
+  watch steps out around compiled modules and a compile wrapper around the model
+  (`outside_compiled`), and the Python values a compiled forward reads are the guards'
+  to check (`dynamo_guard_failures`).
 
 Random numbers are tensors drawn on the device; DDP's bucket rebuild (iteration 2) and
 optimizers' first-step state are long past when the watched steps run (the last
