@@ -29,6 +29,13 @@ pytestmark = [
 
 
 HANG = str(Path(__file__).parent.parent / "doctor_scripts" / "cpu_hang.py")  # both ranks hang in a collective
+# `python3 -m ddpgraph` with Python's Ctrl-C handler installed: a shell without job control
+# (a script's `pytest &`, nohup) starts its children with SIGINT ignored, and Python then
+# keeps it ignored, so the command would never see the SIGINT this test sends.
+WITH_CTRL_C = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'ddpgraph'; runpy.run_module('ddpgraph', run_name='__main__', alter_sys=True)"
+)
 
 
 @pytest.mark.parametrize(
@@ -38,7 +45,7 @@ HANG = str(Path(__file__).parent.parent / "doctor_scripts" / "cpu_hang.py")  # b
 )
 def test_ctrl_c_stops_the_whole_job_and_prints_one_line(command: list[str]) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ddpgraph", *command], env=torchrun_env(),
+        [sys.executable, "-c", WITH_CTRL_C, *command], env=torchrun_env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     job: list[int] = []

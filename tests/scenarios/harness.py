@@ -17,6 +17,7 @@ import argparse
 import gc
 import json
 import os
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -78,10 +79,13 @@ def run(registry: dict[str, Scenario] | Callable[[list[str]], dict[str, Scenario
     os.makedirs(args.out, exist_ok=True)
     for name in args.names or list(registry):
         _variant["backend"], base = split_name(name)
+        started, cpu = time.monotonic(), time.process_time()
         try:
             result = registry[base](info)
         except Exception:
             result = {"error": traceback.format_exc()}
+        # What a scenario costs, for whoever trims the suite (no test reads it).
+        result["cost_s"] = {"wall": time.monotonic() - started, "cpu": time.process_time() - cpu}
         result["rank"] = info.rank
         result["world_size"] = info.world_size
         with open(os.path.join(args.out, f"{name}.rank{info.rank}.json"), "w") as fh:
