@@ -60,9 +60,12 @@ class CaptureOptions:
             collectives in the same order as a replay, so ranks stay paired); "raise" is
             agreed: every rank raises on the same call, the next decision point (see
             `agree_every`), and the rank that saw it runs eagerly until then.
-        clone_outputs: False: the returned tensors are owned by the graph and are
-            overwritten by the next replay (read or clone them before the next call);
-            True returns clones, at the cost of a copy per output.
+        clone_outputs: True (default): a replay returns copies of the graph's output
+            tensors (one device copy per output), so what one call returned keeps its
+            values after the next, as in eager training: losses kept in a list to be
+            read every few steps stay right. False returns the graph's own tensors,
+            overwritten by the next replay (read or clone them before the next call),
+            and saves the copies.
         stream: the stream you built DDP on, if you built it yourself inside
             `torch.cuda.stream(stream)` rather than with `prepare_ddp`.
         pool: a graph memory pool (`torch.cuda.graph_pool_handle()`) to share with other
@@ -101,7 +104,7 @@ class CaptureOptions:
     warmup_steps: int | None = None
     on_failure: OnFailure = "eager"
     on_input_change: OnFailure = "eager"
-    clone_outputs: bool = False
+    clone_outputs: bool = True
     stream: torch.cuda.Stream | None = None
     pool: PoolHandle | None = None
     backend: GraphBackend | None = None
@@ -307,7 +310,7 @@ def _same(given: object, held: object) -> bool:
 
 class EvalSettings(TypedDict, total=False):
     """The settings `capture_eval` reads, as keyword arguments (see `CaptureOptions`).
-    `clone_outputs=None` clones only when the memory pool is shared."""
+    `clone_outputs=None` (default) is True, as in `CaptureOptions`."""
 
     warmup_steps: int
     on_failure: OnFailure

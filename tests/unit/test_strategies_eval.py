@@ -194,3 +194,25 @@ def test_closed(make_run, batches) -> None:
     with pytest.raises(ddpgraph.DdpGraphError) as err:
         evaluate(batches(1)[0][0])
     assert err.value.code is Code.STEP_CLOSED
+
+
+def test_predictions_kept_across_calls_keep_their_values_unless_told_otherwise(
+    make_run, batches
+) -> None:
+    """By default each replay returns copies; `clone_outputs=False` returns the graph's own
+    tensor every call, overwritten by the next."""
+    run = make_run()
+    xs = [x for x, _ in batches(6)]
+    run.model.eval()
+    with torch.no_grad():
+        expected = [run.model(x).argmax(-1) for x in xs]
+    run.model.train()
+    kept = capture_eval(_predict(run), model=run.model, backend=ddpgraph.PassThroughBackend())
+    outs = [kept(x) for x in xs]
+    assert kept.state is StepState.CAPTURED and kept.stats.replays >= 3
+    assert all(torch.equal(a, b) for a, b in zip(outs, expected, strict=True))
+    owned = capture_eval(
+        _predict(run), model=run.model, backend=ddpgraph.PassThroughBackend(), clone_outputs=False
+    )
+    graph_outs = [owned(x) for x in xs]
+    assert graph_outs[-1] is graph_outs[-2] is graph_outs[-3]

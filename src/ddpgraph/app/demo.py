@@ -168,7 +168,7 @@ def _loop(
             start = now
         x, y = batches[i % len(batches)]
         loss = step_fn(x, y)
-        losses.append(loss.detach().clone())  # graph-owned output: copy before the next call
+        losses.append(loss.detach())  # a replay returns a copy (`clone_outputs`): kept as is
         sched.step()
         tick()
     synchronize(info.device)

@@ -23,8 +23,9 @@ into it: the two graphs never run at the same time (both replay on the caller's
 stream). To keep every tensor the training graph keeps alive safe from the evaluation's
 temporary buffers, the evaluation is recorded only after the training step is captured,
 and recorded again if the training step is captured again (`training_step=`). The
-evaluation's outputs may then be overwritten by a training replay, so they are cloned
-by default when a pool is shared.
+evaluation's outputs are copies by default (`clone_outputs`); the graph's own, with
+`clone_outputs=False`, are overwritten by its next replay and, with a shared pool, may be
+by a training replay.
 """
 
 from __future__ import annotations
@@ -268,9 +269,11 @@ def capture_eval(
             `capture_step(pool=...)`; None: a pool of its own); `warmup_steps` the eager
             calls before capture (default 2, at least 1; the last one looks for host
             synchronisations; a call in which torch.compile compiled adds one);
-            `clone_outputs` None (default) clones only when the pool is shared, as a
-            training replay may overwrite them (with `options=`, a shared pool clones
-            whatever `options.clone_outputs` says).
+            `clone_outputs` None (default) is `options.clone_outputs` (True without
+            `options=`): the outputs are copies, so that predictions kept across calls
+            stay right; False returns the graph's own tensors, which the next replay
+            overwrites, and with a pool shared with a training step also a training
+            replay.
     """
     _check_eval_and_model(fn, model)
     given = dict(settings)
@@ -287,9 +290,8 @@ def capture_eval(
         )
     merged = replace(merged, warmup_steps=warmup_steps, clone_outputs=False)
     merged.check("capture_eval")
-    shared = merged.pool is not None or getattr(training_step, "pool", None) is not None
     if clone_outputs is None:
-        clone_outputs = shared or (options is not None and options.clone_outputs)
+        clone_outputs = options is None or options.clone_outputs
     return CapturedEval(
         fn,
         model=model,
