@@ -130,6 +130,8 @@ def test_schedule_inside_on_one_rank(results: Results, variant: str) -> None:
         assert r["code"] == "LR_BAKED_INTO_GRAPH"
         assert r["ranks"] == [world - 1]
         assert r["stats"]["captures"] == 0 and r["stats"]["warmup_steps"] == 11
+        # Every rank names the line of the rank that changed it.
+        assert r["line"][0].endswith("cpu_core.py") and r["line"][2].endswith(".mul_(0.99)"), r
 
 
 def test_refusal_on_one_rank(results: Results, variant: str) -> None:

@@ -44,6 +44,9 @@ def test_scheduler_stepped_inside_the_step_is_refused_at_the_end_of_warmup(
     assert reason is not None and reason.code is Code.LR_BAKED_INTO_GRAPH
     assert reason.subject == "captured function"
     assert "`AdamW.param_groups[0]['lr']`" in reason.happened
+    # The line of the step that stepped the scheduler (the fixture's step calls `inside`).
+    assert reason.location is not None and reason.location.source == "self.inside()"
+    assert reason.location.filename.endswith("conftest.py")
     [message] = _graph_warnings(caught)
     assert message.startswith("[LR_BAKED_INTO_GRAPH]")
     assert got.losses == expected.losses

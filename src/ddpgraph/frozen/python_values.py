@@ -37,7 +37,7 @@ optimizers' first-step state are long past when the watched steps run (the last
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -170,10 +170,14 @@ class Trace:
 
 class ValueWatch(TorchFunctionMode):
     """Records the calls of one step into `trace`; with a `reference`, notes the user's
-    line at the first entry that differs from it (the stack is read only there)."""
+    line at the first entry that differs from it (the stack is read only there).
+    `targets`: ids of tensors whose first in-place write by a call (its first argument,
+    as a scheduler's `fill_` of a mirrored learning rate) is noted in `target_lines`."""
 
-    def __init__(self, reference: Trace | None = None) -> None:
+    def __init__(self, reference: Trace | None = None, targets: Collection[int] = ()) -> None:
         super().__init__()
+        self._targets = frozenset(targets)
+        self.target_lines: dict[int, CallLine | None] = {}
         self.trace = Trace()
         self._reference = reference.entries if reference is not None else None
         self._reference_lines = reference.lines if reference is not None else []
@@ -191,12 +195,14 @@ class ValueWatch(TorchFunctionMode):
         values = tuple([_TENSOR if type(a) in _TENSOR_TYPES else _value(a) for a in args])
         if kwargs:
             values += tuple((k, _value(v)) for k, v in kwargs.items())
-        self._add((func, values))
+        line = self._add((func, values))
+        if self._targets and args and id(args[0]) in self._targets:
+            self.target_lines.setdefault(id(args[0]), line)
         return func(*args, **kwargs)
 
-    def _add(self, entry: Entry) -> None:
+    def _add(self, entry: Entry) -> CallLine | None:
         """Append `entry` with the user's line of the call (from the caller of the method
-        calling this one); note the first entry unlike the reference's."""
+        calling this one), which it returns; note the first entry unlike the reference's."""
         entries = self.trace.entries
         ref = self._reference
         line = call_line(sys._getframe(2))
@@ -208,6 +214,7 @@ class ValueWatch(TorchFunctionMode):
                 self.divergence = Divergence(i, [reference, entry], line, other)
         entries.append(entry)
         self.trace.lines.append(line)
+        return line
 
     def finish(self) -> None:
         """After the call: a reference longer than this call diverges where it ended."""

@@ -24,7 +24,7 @@ step the host work of an eager step is most of its time anyway.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from torch import nn
@@ -32,8 +32,9 @@ from torch import nn
 from ..agreement.agree import Action
 from ..cycle.step_state import Report
 from ..ddp import build as ddp_tools
-from ..findings import Finding
+from ..findings import Finding, Location
 from ..inputs.arguments import Signature
+from .call_lines import line_location
 from .python_values import WATCHED_STEPS, Trace, ValueWatch, watching
 from .wording import frozen_finding, guard_finding
 
@@ -77,6 +78,8 @@ class ValueChecks:
         self._action = Action.RECAPTURE if on_failure == "eager" else Action.EAGER
         self._armed: tuple[ValueWatch, Callable[[ValueWatch], None]] | None = None
         self._probe: list[Finding] | None = None
+        # The armed call's first in-place write of each target tensor (`arm`).
+        self._written: dict[int, Location | None] = {}
         # Whether the probe step took another Python branch than the call before it.
         self.probe_branched = False
         # (signature, model state, the last watched calls like that, newest last)
@@ -112,15 +115,26 @@ class ValueChecks:
         """Whether warm-up call number `warmup_steps + 1` is one of the watched ones."""
         return warmup_steps + WATCHED_STEPS >= capture_after
 
-    def arm(self, leaves: list[Any], spec: Any, names: list[str], *, probe: bool = False) -> None:
+    def arm(
+        self,
+        leaves: list[Any],
+        spec: Any,
+        names: list[str],
+        *,
+        probe: bool = False,
+        targets: Collection[int] = (),
+    ) -> None:
         """Watch the next call of the step; the probe's is compared with the last one of
-        its signature, and what differed is read with `probe_findings`."""
+        its signature, and what differed is read with `probe_findings`. `targets`: ids
+        of tensors whose first in-place write is read with `written_at`."""
         history = self._history(leaves, spec, names)
         reference = history[-1] if probe and history else None
         self._probe = None
         self.probe_branched = False
+        self._written = {}
 
         def done(watch: ValueWatch) -> None:
+            self._written = {t: line_location(line) for t, line in watch.target_lines.items()}
             older = history[:-1][-(WATCHED_STEPS - 2) :]
             history.append(watch.trace)
             del history[:-WATCHED_STEPS]
@@ -135,7 +149,12 @@ class ValueChecks:
                 self._probe = _findings(watch, older, when, later)
                 self.probe_branched = watch.divergence is not None and watch.divergence.is_branch
 
-        self._armed = (ValueWatch(reference), done)
+        self._armed = (ValueWatch(reference, targets), done)
+
+    def written_at(self) -> dict[int, Location | None]:
+        """After the armed call: the user's line of the first in-place write of each of
+        `arm`'s `targets` that the call wrote."""
+        return self._written
 
     def probe_findings(self) -> list[Finding]:
         """After the armed probe step: what differed from the call before it."""

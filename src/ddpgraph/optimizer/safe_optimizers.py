@@ -42,7 +42,7 @@ from torch.optim import Optimizer
 
 from ..agreement.agree import Action
 from ..cycle.step_state import Report
-from ..findings import Code, Finding
+from ..findings import Code, Finding, Location
 from .graph_safe import baked_finding, followed_finding, refusal
 from .hyperparams import HyperparamMirror
 from .kernel_support import kernel_support
@@ -219,9 +219,26 @@ class GraphSafeOptimizers:
         """Every param group's hyper-parameters, copied (before the probe step)."""
         return [_hyperparameter_values(opt) for opt in self.optimizers]
 
-    def changed_by_step(self, before: list[list[dict[str, Any]]]) -> list[Finding]:
-        """What the probe step changed of `hyperparameters()`'s values."""
-        return _hyperparameter_changes(self.optimizers, before)
+    def hyperparameter_tensors(self) -> dict[int, tuple[int, int, str]]:
+        """The tensors the graph-safe mode puts into the param groups while a step runs,
+        by id: the optimizer's index, the group and the key each stands for. A scheduler
+        stepped inside the step writes into them (`fill_`)."""
+        return {
+            id(t): (o, g, key)
+            for o, mirror in enumerate(self.mirrors)
+            for g, slots in enumerate(mirror.slots)
+            for key, slot in slots.items()
+            for t in slot.tensors
+        }
+
+    def changed_by_step(
+        self,
+        before: list[list[dict[str, Any]]],
+        written: dict[tuple[int, int, str], Location | None] | None = None,
+    ) -> list[Finding]:
+        """What the probe step changed of `hyperparameters()`'s values; `written`, where
+        the step's code wrote the tensor that stood for a value (the user's line)."""
+        return _hyperparameter_changes(self.optimizers, before, written or {})
 
     def check_load(self, optimizer: Optimizer) -> Report | None:
         """Called by the load hook while captured: copy the loaded values into the
@@ -293,12 +310,14 @@ def _copy(value: Any) -> Any:
 
 
 def _hyperparameter_changes(
-    optimizers: Sequence[Optimizer], before: list[list[dict[str, Any]]]
+    optimizers: Sequence[Optimizer],
+    before: list[list[dict[str, Any]]],
+    written: dict[tuple[int, int, str], Location | None],
 ) -> list[Finding]:
     """Hyper-parameters the step function itself changed (a scheduler stepped inside it):
     replays would repeat the value set while recording."""
     found: list[Finding] = []
-    for opt, groups in zip(optimizers, before, strict=True):
+    for o, (opt, groups) in enumerate(zip(optimizers, before, strict=True)):
         for i, (group, old) in enumerate(zip(opt.param_groups, groups, strict=False)):
             for key, was in old.items():
                 now = group.get(key)
@@ -318,6 +337,7 @@ def _hyperparameter_changes(
                             "step schedulers and change hyper-parameters outside the "
                             "captured function, after the call",
                             subject="captured function",
+                            location=written.get((o, i, key)),
                         )
                     )
     return found

@@ -162,7 +162,9 @@ class CapturedStep(StepSetup[R]):
         call = (args, kwargs) if staged is leaves else unflatten_call(staged, spec)
         self._given = (*call, staged)  # the containers the watch sees are the step's
         watch = ProbeWatch(self._fn, call, self._optim.optimizers)
-        self._values.arm(leaves, spec, leaf_paths(args, kwargs), probe=True)
+        # A scheduler stepped inside the step writes into these: its line is the finding's.
+        targets = self._optim.hyperparameter_tensors()
+        self._values.arm(leaves, spec, leaf_paths(args, kwargs), probe=True, targets=targets)
         with (
             host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe,
             watch.watching(),
@@ -181,9 +183,10 @@ class CapturedStep(StepSetup[R]):
         # A Python branch that changes from call to call beside a library's host read is
         # that read's doing (a loop over what a tensor holds): the read is the cause.
         cause = probe.library_cause() if self._values.probe_branched and not syncs else None
+        written = {targets[t]: where for t, where in self._values.written_at().items()}
         findings = (
             accumulates
-            + self._optim.changed_by_step(hyper)
+            + self._optim.changed_by_step(hyper, written)
             + syncs
             + ([cause] if cause else [])
             + watch.findings()
