@@ -51,6 +51,7 @@ def test_accumulation_across_calls_is_refused_at_the_probe_step(results: Results
     for r in ranks:
         assert r["state"] == "eager" and r["code"] == "UNSUPPORTED_SETUP", r
         assert "no_sync" in r["happened"], r
+        assert r["line"] == "losses.append(float(step(*args)))", r  # the call under no_sync()
         assert r["stats"]["replays"] == 0 and r["stats"]["captures"] == 0, r
     states = ranks[0]["states"]
     # Refused on the probe step's agreement, wherever the probe fell in the M cycle.
@@ -64,6 +65,7 @@ def test_accumulation_that_starts_after_capture_runs_eagerly_from_its_first_call
     for r in ranks:
         assert r["state"] == "eager" and r["code"] == "UNSUPPORTED_SETUP", r
         assert r["stats"]["captures"] == 1 and r["stats"]["replays"] == 24 - PROBE_CALL, r
+        assert r["line"] == "losses.append(float(step(*args)))", r
     states = ranks[0]["states"]
     assert states[PROBE_CALL : 24] == ["captured"] * (24 - PROBE_CALL), states
     assert set(states[24:]) == {"eager"}, states  # from the first `no_sync` call on

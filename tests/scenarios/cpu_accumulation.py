@@ -130,6 +130,7 @@ def accumulation_loop(
             state=step.state.value,
             code=reason.code.value if reason else None,
             happened=reason.happened if reason else None,
+            line=reason.location.source if reason and reason.location else None,
             stats=vars(step.stats),
         )
         step.close()

@@ -179,3 +179,37 @@ def test_captured_accumulation_equals_eager_and_warms_up_as_usual(
     assert same([p.detach() for p in ddp.parameters()], [p.detach() for p in ref_ddp.parameters()])
     # The stand-in runs the step for every call, and once more to record it.
     assert calls[0] == len(data) + 1
+
+
+def test_no_sync_inside_the_step_is_refused_naming_the_forward_under_it(process_group) -> None:
+    """Accumulation across calls written inside the step (`no_sync()` on every other call):
+    refused at the probe step, the finding at the forward that ran without sync."""
+    import contextlib
+
+    torch.manual_seed(0)
+    ddp = ddpgraph.prepare_ddp(_model())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    calls = {"n": 0}
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        sync = calls["n"] % 2 == 0
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            loss = F.cross_entropy(ddp(x), y)  # under no_sync
+            loss.backward()
+        if sync:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    step = ddpgraph.capture_step(
+        train_step, model=ddp, optimizer=opt, backend=ddpgraph.PassThroughBackend()
+    )
+    with pytest.warns(ddpgraph.DdpGraphWarning):
+        for i in range(14):
+            step(*_batch(seed=i))
+    reason = step.reason
+    assert step.state is StepState.EAGER and reason is not None
+    assert reason.code is ddpgraph.Code.UNSUPPORTED_SETUP and "no_sync" in reason.happened
+    assert reason.location is not None
+    assert reason.location.source == "loss = F.cross_entropy(ddp(x), y)  # under no_sync"

@@ -6,6 +6,7 @@ capture stream and counts the reducer's iterations, which the warm-up policy nee
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..errors import usage_error
+from ..frozen.call_lines import CallLine, call_line
 from .streams import capture_stream
 
 _STREAM_ATTR = "_ddpgraph_stream"
@@ -33,6 +35,8 @@ class ForwardCounter:
         self.count = start
         self.exact = exact
         self.unsynced = 0
+        # The user's line of the latest forward under `no_sync()`, for the finding on it.
+        self.unsynced_line: CallLine | None = None
 
     def __call__(self, module: nn.Module, args: Any) -> None:
         # Mirrors the condition under which DDP._pre_forward calls prepare_for_forward.
@@ -46,6 +50,7 @@ class ForwardCounter:
             self.count += 1
         else:
             self.unsynced += 1
+            self.unsynced_line = call_line(sys._getframe(1))
 
 
 def prepare_ddp(model: nn.Module, **ddp_kwargs: Any) -> DDP:

@@ -17,15 +17,21 @@ one graph) is the captured way to accumulate. Seen:
   agreed at the next decision point, and run eagerly until then, which pairs with the
   peers (an eager `no_sync` call runs no collective, and every rank makes the same
   calls under `no_sync`, as DDP itself needs).
+
+The finding names the user's line: the call of the step made inside `with
+ddp.no_sync():`, or, when the step enters `no_sync()` itself, the forward run under it.
 """
 
 from __future__ import annotations
+
+import sys
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..ddp import build as ddp_tools
-from ..findings import Code, Finding
+from ..findings import Code, Finding, Location
+from ..frozen.call_lines import call_line, line_location
 
 _FIX = (
     "accumulate the micro-batches inside one step, `loss = ddpgraph.accumulate(ddp, batch, "
@@ -39,7 +45,7 @@ def syncs_gradients(model: nn.Module) -> bool:
     return not isinstance(model, DDP) or bool(getattr(model, "require_backward_grad_sync", True))
 
 
-def accumulation_finding(call: int, what: str) -> Finding:
+def accumulation_finding(call: int, what: str, where: Location | None = None) -> Finding:
     return Finding(
         Code.UNSUPPORTED_SETUP,
         f"call {call} of the step {what}, so gradients accumulate across calls and are "
@@ -47,6 +53,7 @@ def accumulation_finding(call: int, what: str) -> Finding:
         "all-reduce on every call or on none",
         _FIX,
         subject="`CapturedStep` with `ddp.no_sync()`",
+        location=where,
     )
 
 
@@ -57,12 +64,17 @@ class GradSyncWatch:
         self._model = model
         self._counter = ddp_tools.forward_counter(model)
         self._marks = (0, 0)
+        # Where the user called the step, when the call started under `no_sync()`.
+        self._called_at: Location | None = None
         self.finding: Finding | None = None
 
     def before_call(self) -> None:
         counter = self._counter
         if counter is not None:
             self._marks = (counter.count, counter.unsynced)
+            # `no_sync()` around the call: its line is the caller's (read only then).
+            unsynced = not syncs_gradients(self._model)
+            self._called_at = line_location(call_line(sys._getframe(1))) if unsynced else None
 
     def after_call(self, call: int) -> Finding | None:
         """The finding for this call (kept, the first one only) when its DDP forwards with
@@ -72,8 +84,11 @@ class GradSyncWatch:
             return self.finding
         synced, unsynced = counter.count - self._marks[0], counter.unsynced - self._marks[1]
         if unsynced and not synced:
+            # The step's call inside `with ddp.no_sync():`, or, entered inside the step,
+            # the forward that ran under it.
+            where = self._called_at or line_location(counter.unsynced_line)
             self.finding = accumulation_finding(
-                call, "ran DDP's forward and backward under `no_sync()`"
+                call, "ran DDP's forward and backward under `no_sync()`", where
             )
         return self.finding
 
@@ -83,7 +98,9 @@ class GradSyncWatch:
         if syncs_gradients(self._model):
             return None
         return accumulation_finding(
-            call, "is made under `no_sync()` while the graph synchronises gradients"
+            call,
+            "is made under `no_sync()` while the graph synchronises gradients",
+            line_location(call_line(sys._getframe(1))),
         )
 
     def reset(self) -> None:
