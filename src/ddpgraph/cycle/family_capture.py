@@ -36,12 +36,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch
-from torch.utils._pytree import tree_map
-
 from ..agreement.agree import Outcome
 from ..ddp import build as ddp_tools
 from ..ddp.distributed import current_rank
+from ..inputs.replay import cloned
 from .engine import CaptureEngine
 from .fallback import fall_back
 from .step_state import Captured
@@ -160,9 +158,7 @@ class FamilySteps(CaptureEngine[R]):
         return attempt.outcome, attempt.after_failure, attempt.raised, captured
 
     def _outputs(self, result: R) -> R:
-        if self._options.clone_outputs:
-            return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, result)  # type: ignore[no-any-return]
-        return result
+        return cloned(result) if self._options.clone_outputs else result
 
 
 def _nothing() -> None:

@@ -52,10 +52,8 @@ class ReplayableGraph(Generic[R]):
         """
         self.static.copy_in(leaves)
         self.graph.replay()
-        outputs = self.graph.outputs
-        if self.clone_outputs:
-            return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, outputs)  # type: ignore[no-any-return]
-        return outputs  # type: ignore[no-any-return]
+        outputs: R = self.graph.outputs
+        return cloned(outputs) if self.clone_outputs else outputs
 
     def changed_input(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], subject: str, rank: int
@@ -71,6 +69,12 @@ class ReplayableGraph(Generic[R]):
 
     def release(self) -> None:
         self.graph.release()
+
+
+def cloned(outputs: R) -> R:
+    """`outputs` with every tensor copied (`clone_outputs`): what a caller keeps stays as
+    it was when the next replay overwrites the graph's own."""
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, outputs)  # type: ignore[no-any-return]
 
 
 # A call's own arguments and the leaves they were flattened into.

@@ -24,14 +24,13 @@ ddp.no_sync():`, or, when the step enters `no_sync()` itself, the forward run un
 
 from __future__ import annotations
 
-import sys
-
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..ddp import build as ddp_tools
 from ..findings import Code, Finding, Location
-from ..frozen.call_lines import call_line, line_location
+from ..frozen.call_lines import line_location
+from ..probe.syncs import user_location
 
 _FIX = (
     "accumulate the micro-batches inside one step, `loss = ddpgraph.accumulate(ddp, batch, "
@@ -74,7 +73,7 @@ class GradSyncWatch:
             self._marks = (counter.count, counter.unsynced)
             # `no_sync()` around the call: its line is the caller's (read only then).
             unsynced = not syncs_gradients(self._model)
-            self._called_at = line_location(call_line(sys._getframe(1))) if unsynced else None
+            self._called_at = user_location() if unsynced else None
 
     def after_call(self, call: int) -> Finding | None:
         """The finding for this call (kept, the first one only) when its DDP forwards with
@@ -100,7 +99,7 @@ class GradSyncWatch:
         return accumulation_finding(
             call,
             "is made under `no_sync()` while the graph synchronises gradients",
-            line_location(call_line(sys._getframe(1))),
+            user_location(),
         )
 
     def reset(self) -> None:
