@@ -2,7 +2,7 @@
 the background while other tests run.
 
 A torchrun launch costs every process a PyTorch import, so the modules that ask for the
-same number of processes and process-group timeout share one: `batched`, called when a
+same number of processes share one: `batched`, called when a
 module is imported, adds the module's scenarios to it. A module's other long runs (a
 doctor run of a script, say) are declared the same way with `prefetched`. Once the
 session has selected its tests, tests/conftest.py puts the modules that read any of them
@@ -69,7 +69,6 @@ class _Launch(_Job):
     """The scenarios that will share one torchrun launch of `nproc` processes."""
 
     nproc: int
-    group_timeout_s: float | None
     members: list[Batch] = field(default_factory=list)
     found: Results | None = None
     proc: subprocess.Popen[str] | None = None
@@ -84,16 +83,13 @@ class _Launch(_Job):
 
     @property
     def label(self) -> str:
-        timeout = "" if self.group_timeout_s is None else f"_group_timeout{self.group_timeout_s:g}s"
-        return f"together_{self.nproc}proc{timeout}_"
+        return f"together_{self.nproc}proc_"
 
     def run(self, out: Path, members: list[Batch]) -> None:
         """The launch, in whichever thread claimed it; its results, or none if it raised."""
         names = [together_name(b.script, n) for b in members for n in b.names]
         try:
-            self.proc = start_scenarios(
-                TOGETHER, names, out, nproc=self.nproc, group_timeout_s=self.group_timeout_s
-            )
+            self.proc = start_scenarios(TOGETHER, names, out, nproc=self.nproc)
             self.found = finish_scenarios(
                 self.proc, out, names, self.nproc, sum(b.timeout for b in members)
             )
@@ -103,7 +99,7 @@ class _Launch(_Job):
             self.done.set()
 
 
-_launches: dict[tuple[int, float | None], _Launch] = {}
+_launches: dict[int, _Launch] = {}
 _batches: list[Batch] = []
 _order: list[_Job] = []  # the selected jobs, in the order their tests will ask
 _lock = threading.Lock()
@@ -145,18 +141,17 @@ def batched(
     *,
     nproc: int,
     timeout: float,
-    group_timeout_s: float | None = None,
 ) -> Batch:
     """`run_scenarios(script, names, ...)`, run later in one launch with the scenarios of
-    every other module that asks for the same `nproc` and `group_timeout_s`.
+    every other module that asks for the same `nproc` (a script whose scenarios need a
+    shorter process-group timeout says so itself: `harness.with_group_timeout`).
 
     Call it when the module is imported: pytest imports every test module before it runs
     any test, so the launch holds all of them. Its time limit is the sum of the members'
     (`timeout` each, as for `run_scenarios`)."""
-    key = (nproc, group_timeout_s)
-    launch = _launches.get(key)
+    launch = _launches.get(nproc)
     if launch is None or launch.claimed:
-        launch = _launches[key] = _Launch(nproc, group_timeout_s)
+        launch = _launches[nproc] = _Launch(nproc)
     batch = Batch(launch, script, list(names), timeout)
     launch.members.append(batch)
     _batches.append(batch)

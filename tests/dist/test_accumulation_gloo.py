@@ -28,7 +28,7 @@ Results = dict[str, list[dict[str, Any]]]
 
 
 # Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
-LAUNCHES = {n: batched(SCRIPT, both_backends(SCENARIOS), nproc=n, timeout=400, group_timeout_s=30) for n in (2, 4)}
+LAUNCHES = {n: batched(SCRIPT, both_backends(SCENARIOS), nproc=n, timeout=400) for n in (2, 4)}
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2proc", "4proc"])

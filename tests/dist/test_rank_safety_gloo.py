@@ -44,7 +44,7 @@ Results = dict[str, list[dict[str, Any]]]
 
 # Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
 LAUNCHES = {
-    n: batched(SCRIPT, both_backends(SCENARIOS, RECORDING_ONLY), nproc=n, timeout=400, group_timeout_s=30)
+    n: batched(SCRIPT, both_backends(SCENARIOS, RECORDING_ONLY), nproc=n, timeout=400)
     for n in (2, 4)
 }
 

@@ -173,6 +173,8 @@ REGISTRY = {
     for m in (2, 3, 4, 5)
 }
 REGISTRY["after_capture"] = after_capture
+# A rank left waiting in a collective fails its scenario in 30 s (test_accumulation_gloo).
+REGISTRY = harness.with_group_timeout(REGISTRY, 30)
 
 if __name__ == "__main__":
     harness.run(REGISTRY)

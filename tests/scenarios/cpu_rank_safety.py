@@ -388,6 +388,8 @@ REGISTRY = {
     "state_cleared_on_one_rank": state_cleared_on_one_rank,
     **REGISTRY_MORE,
 }
+# A rank left alone in a collective fails its scenario in 30 s (test_rank_safety_gloo).
+REGISTRY = harness.with_group_timeout(REGISTRY, 30)
 
 if __name__ == "__main__":
     harness.run(REGISTRY)

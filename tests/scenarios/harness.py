@@ -14,6 +14,8 @@ Both kinds run in one launch, so a second backend costs no second torchrun start
 from __future__ import annotations
 
 import argparse
+import datetime
+import functools
 import gc
 import json
 import os
@@ -33,6 +35,9 @@ from ddpgraph.ddp.distributed import DistInfo, init_distributed
 Scenario = Callable[[DistInfo], dict[str, Any]]
 RECORDING = "recording"
 _variant = {"backend": "pass-through"}
+# The process group's timeout: the launch's own (DDPGRAPH_TEST_PG_TIMEOUT), or a shorter
+# one for the scenarios of `with_group_timeout`.
+_GROUP_TIMEOUT_S = {"launch": 120.0}
 # Optimizers whose CPU kernels read nothing on the host (the fused ones), which the
 # recording backend needs as a CUDA graph needs capturable ones.
 _FUSED_ON_CPU = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
@@ -56,6 +61,31 @@ def optimizer_kwargs(opt_cls: type[torch.optim.Optimizer]) -> dict[str, Any]:
     return {"fused": True} if recording() and issubclass(opt_cls, _FUSED_ON_CPU) else {}
 
 
+def with_group_timeout(registry: dict[str, Scenario], seconds: float) -> dict[str, Scenario]:
+    """`registry` with each scenario run under a process-group timeout of `seconds`, the
+    launch's own restored after it: there a rank left alone in a collective fails its
+    scenario rather than passing late, and the scenarios of other scripts share the launch
+    (together.py) with the usual timeout."""
+    return {name: _under_timeout(scenario, seconds) for name, scenario in registry.items()}
+
+
+def _under_timeout(scenario: Scenario, seconds: float) -> Scenario:
+    @functools.wraps(scenario)
+    def run(info: DistInfo) -> dict[str, Any]:
+        # Private in PyTorch, present since 2.2; looked up by presence, and a clear error
+        # (the scenario fails) where it is gone.
+        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+        if set_timeout is None:
+            raise RuntimeError("this PyTorch has no distributed_c10d._set_pg_timeout")
+        set_timeout(datetime.timedelta(seconds=seconds))
+        try:
+            return scenario(info)
+        finally:
+            set_timeout(datetime.timedelta(seconds=_GROUP_TIMEOUT_S["launch"]))
+
+    return run
+
+
 def split_name(name: str) -> tuple[str, str]:
     """("recording", "x") for "recording:x"; ("pass-through", "x") for "x"."""
     kind, _, base = name.rpartition(":")
@@ -71,7 +101,8 @@ def run(registry: dict[str, Scenario] | Callable[[list[str]], dict[str, Scenario
     args = parser.parse_args()
     if callable(registry):
         registry = registry(args.names)
-    info = init_distributed(timeout_s=float(os.environ.get("DDPGRAPH_TEST_PG_TIMEOUT", "120")))
+    _GROUP_TIMEOUT_S["launch"] = float(os.environ.get("DDPGRAPH_TEST_PG_TIMEOUT", "120"))
+    info = init_distributed(timeout_s=_GROUP_TIMEOUT_S["launch"])
     # What the imports made (PyTorch, transformers: some 350,000 objects) is never garbage:
     # frozen, it is left out of every collection, the one after each scenario below
     # included, which took 0.17 s a rank each without it.
