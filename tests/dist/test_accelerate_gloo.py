@@ -11,17 +11,21 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-from launcher import ok, run_scenarios  # noqa: E402
+from launcher import ok
+from shared_launches import batched
 
 pytestmark = pytest.mark.multiprocess
 CAPTURED = ["fp32", "bf16", "clipping"]
 Results = dict[str, list[dict[str, Any]]]
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCH = batched("accelerate_train.py", [*CAPTURED, "accumulate"], nproc=2, timeout=600)
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    out = tmp_path_factory.mktemp("accelerate")
-    return run_scenarios("accelerate_train.py", [*CAPTURED, "accumulate"], out, nproc=2, timeout=600)
+    return LAUNCH.results(tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", CAPTURED)

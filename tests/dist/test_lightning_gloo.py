@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from launcher import ok, run_scenarios  # noqa: E402
+from launcher import ok
+from shared_launches import batched
 
 pytestmark = pytest.mark.multiprocess
 CAPTURED = ["equivalence", "clipping", "bf16"]
@@ -22,15 +23,21 @@ REFUSED = {"manual_optimization": "manual optimization", "accumulate": "accumula
 Results = dict[str, list[dict[str, Any]]]
 
 
+# Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
+LAUNCH = batched(
+    "lightning_train.py", [*CAPTURED, *REFUSED, "checkpoint_resume"], nproc=2, timeout=900
+)
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    out = tmp_path_factory.mktemp("lightning")
-    names = [*CAPTURED, *REFUSED, "checkpoint_resume"]
-    return run_scenarios("lightning_train.py", names, out, nproc=2, timeout=900)
+    return LAUNCH.results(tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", CAPTURED)
-def test_the_whole_optimizer_step_is_captured_and_trains_like_lightning(results: Results, name: str) -> None:
+def test_the_whole_optimizer_step_is_captured_and_trains_like_lightning(
+    results: Results, name: str
+) -> None:
     for r in ok(results[name]):
         assert r["state"] == "captured" and r["code"] is None, r["reason"]
         assert r["stats"]["warmup_steps"] == 11 and r["stats"]["captures"] == 1
@@ -47,7 +54,9 @@ def test_the_schedule_and_validation_really_ran(results: Results) -> None:
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
-def test_what_cannot_be_captured_is_refused_once_and_trains_eagerly(results: Results, name: str) -> None:
+def test_what_cannot_be_captured_is_refused_once_and_trains_eagerly(
+    results: Results, name: str
+) -> None:
     for r in ok(results[name]):
         assert r["state"] == "eager" and r["code"] == "UNSUPPORTED_SETUP"
         assert REFUSED[name] in r["reason"] and "[ranks 0-1]" in r["reason"]
