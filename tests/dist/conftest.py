@@ -9,5 +9,5 @@ from variants import VARIANTS
 
 @pytest.fixture(params=VARIANTS)
 def variant(request: pytest.FixtureRequest) -> str:
-    """"pass-through" (the stand-in backend) or "recording" (the recording backend)."""
+    """ "pass-through" (the stand-in backend) or "recording" (the recording backend)."""
     return str(request.param)

@@ -45,7 +45,9 @@ def _trained_as_eager(ranks: list[dict[str, Any]]) -> None:
 
 @pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("m", CYCLES)
-def test_accumulation_across_calls_is_refused_at_the_probe_step(results: Results, variant: str, where: str, m: int) -> None:
+def test_accumulation_across_calls_is_refused_at_the_probe_step(
+    results: Results, variant: str, where: str, m: int
+) -> None:
     ranks = ok(results[key(f"{where}_M{m}", variant)])
     _trained_as_eager(ranks)
     for r in ranks:
@@ -59,7 +61,9 @@ def test_accumulation_across_calls_is_refused_at_the_probe_step(results: Results
     assert set(states[PROBE_CALL - 1 :]) == {"eager"}, states
 
 
-def test_accumulation_that_starts_after_capture_runs_eagerly_from_its_first_call(results: Results, variant: str) -> None:
+def test_accumulation_that_starts_after_capture_runs_eagerly_from_its_first_call(
+    results: Results, variant: str
+) -> None:
     ranks = ok(results[key("after_capture", variant)])
     _trained_as_eager(ranks)
     for r in ranks:
@@ -67,5 +71,5 @@ def test_accumulation_that_starts_after_capture_runs_eagerly_from_its_first_call
         assert r["stats"]["captures"] == 1 and r["stats"]["replays"] == 24 - PROBE_CALL, r
         assert r["line"] == "losses.append(float(step(*args)))", r
     states = ranks[0]["states"]
-    assert states[PROBE_CALL : 24] == ["captured"] * (24 - PROBE_CALL), states
+    assert states[PROBE_CALL:24] == ["captured"] * (24 - PROBE_CALL), states
     assert set(states[24:]) == {"eager"}, states  # from the first `no_sync` call on

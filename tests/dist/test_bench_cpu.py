@@ -89,7 +89,10 @@ def test_eager_strategies_run_and_train_identically(run: Any) -> None:
         # The emulated capture trains with the fused CPU AdamW, which rounds differently
         # from eager's default one: the same math, not the same bits.
         assert captured["final_loss"] == pytest.approx(eager["final_loss"], rel=1e-5)
-        assert captured["note"].startswith("CPU emulation") and "not a GPU speed-up" in captured["note"]
+        assert (
+            captured["note"].startswith("CPU emulation")
+            and "not a GPU speed-up" in captured["note"]
+        )
     assert [row["batch_size"] for row in data["summary"]] == [4, 8]
 
 

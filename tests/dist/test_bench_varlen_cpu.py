@@ -27,15 +27,28 @@ pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
+def run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("bench_varlen")
-    assert COMMAND.startswith("ddpgraph bench --cpu --seq-lens 8:32") and "--plot varlen.png" in COMMAND
+    assert (
+        COMMAND.startswith("ddpgraph bench --cpu --seq-lens 8:32")
+        and "--plot varlen.png" in COMMAND
+    )
     env = torchrun_env()
     # A user's shell: the environment's `ddpgraph` command, and no GPU even on a GPU machine
     # (two CPU processes, the default without CUDA).
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["CUDA_VISIBLE_DEVICES"] = ""
-    proc = subprocess.run(["bash", "-c", COMMAND], cwd=out, env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        ["bash", "-c", COMMAND],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     (out / "bench.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((out / "varlen.json").read_text()), out
@@ -51,12 +64,21 @@ def test_json_records_the_case(run: Any) -> None:
     setup = data["setup"]
     assert (setup["world_size"], setup["backend"], setup["cuda"]) == (2, "gloo", None)
     case = setup["settings"]["variable_lengths"]
-    assert case["seq_lens"] == [8, 32] and case["buckets"] == [16, 24, 32] and case["fixed_len"] == 20
+    assert (
+        case["seq_lens"] == [8, 32] and case["buckets"] == [16, 24, 32] and case["fixed_len"] == 20
+    )
     assert "ignore_index" in case["padding"]
     assert setup["settings"]["strategies"] == list(case["families"])  # the rows' families
     assert list(_rows(data)) == [
-        "eager", "reduce-overhead", "reduce-overhead dynamic=True", "whole", "whole+buckets",
-        "compile+buckets", "eager T=20", "whole T=20", "whole+buckets T=32 alone",
+        "eager",
+        "reduce-overhead",
+        "reduce-overhead dynamic=True",
+        "whole",
+        "whole+buckets",
+        "compile+buckets",
+        "eager T=20",
+        "whole T=20",
+        "whole+buckets T=32 alone",
     ]
 
 
@@ -64,14 +86,26 @@ def test_eager_and_emulated_rows_run_and_train_alike(run: Any) -> None:
     _, data, _ = run
     rows = _rows(data)
     eager = rows["eager"]
-    for name in ("eager", "whole", "whole+buckets", "eager T=20", "whole T=20", "whole+buckets T=32 alone"):
+    for name in (
+        "eager",
+        "whole",
+        "whole+buckets",
+        "eager T=20",
+        "whole T=20",
+        "whole+buckets T=32 alone",
+    ):
         assert rows[name]["status"] == "ok", rows[name]["reason"]
-        assert len(rows[name]["feeds"]["device"]["window_ms"]) == 1 and "dataloader" not in rows[name]["feeds"]
+        assert (
+            len(rows[name]["feeds"]["device"]["window_ms"]) == 1
+            and "dataloader" not in rows[name]["feeds"]
+        )
     # The same lengths in the same order, padding out of the loss: the same last loss
     # (the emulated rows' fused AdamW rounds differently from eager's: same math, not bits).
     for name in ("whole", "whole+buckets"):
         assert rows[name]["final_loss"] == pytest.approx(eager["final_loss"], rel=1e-5), name
-    assert rows["whole T=20"]["final_loss"] == pytest.approx(rows["eager T=20"]["final_loss"], rel=1e-5)
+    assert rows["whole T=20"]["final_loss"] == pytest.approx(
+        rows["eager T=20"]["final_loss"], rel=1e-5
+    )
     for name in ("reduce-overhead", "reduce-overhead dynamic=True", "compile+buckets"):
         assert rows[name]["status"] == "skipped" and rows[name]["reason"], name
 
@@ -83,7 +117,10 @@ def test_the_bucketed_row_holds_a_family_of_graphs(run: Any) -> None:
     assert 2 <= family["graphs_held"] <= 3 and family["captures"] == family["graphs_held"], family
     assert family["pool_mib"] is None  # no CUDA pool on CPU
     single = rows["whole"]["varlen"]
-    assert single["graphs_held"] == 1 and single["eager_steps"] > family["eager_steps"], (single, family)
+    assert single["graphs_held"] == 1 and single["eager_steps"] > family["eager_steps"], (
+        single,
+        family,
+    )
     assert rows["whole+buckets"]["note"].startswith("CPU emulation")
 
 

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import torchrun_env
-
 from ddpgraph.app.job import alive, job_processes
+from launcher import torchrun_env
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -28,7 +27,9 @@ pytestmark = [
 ]
 
 
-HANG = str(Path(__file__).parent.parent / "doctor_scripts" / "cpu_hang.py")  # both ranks hang in a collective
+HANG = str(
+    Path(__file__).parent.parent / "doctor_scripts" / "cpu_hang.py"
+)  # both ranks hang in a collective
 # `python3 -m ddpgraph` with Python's Ctrl-C handler installed: a shell without job control
 # (a script's `pytest &`, nohup) starts its children with SIGINT ignored, and Python then
 # keeps it ignored, so the command would never see the SIGINT this test sends.
@@ -40,13 +41,21 @@ WITH_CTRL_C = (
 
 @pytest.mark.parametrize(
     "command",
-    [["demo", "--cpu"], ["bench", "--cpu", "--model", "gpt"], ["doctor", "--nproc", "2", "--timeout", "300", HANG]],
+    [
+        ["demo", "--cpu"],
+        ["bench", "--cpu", "--model", "gpt"],
+        ["doctor", "--nproc", "2", "--timeout", "300", HANG],
+    ],
     ids=["demo", "bench", "doctor"],
 )
 def test_ctrl_c_stops_the_whole_job_and_prints_one_line(command: list[str]) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c", WITH_CTRL_C, *command], env=torchrun_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [sys.executable, "-c", WITH_CTRL_C, *command],
+        env=torchrun_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     job: list[int] = []
     try:
@@ -60,7 +69,7 @@ def test_ctrl_c_stops_the_whole_job_and_prints_one_line(command: list[str]) -> N
         time.sleep(3)  # the workers import torch and meet
         job = job_processes(proc.pid)
         os.kill(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)  # returns once nothing holds the pipes
+        _, err = proc.communicate(timeout=60)  # returns once nothing holds the pipes
     finally:  # a failing run leaves nothing either
         for pid in [proc.pid, *job]:
             with contextlib.suppress(OSError):
@@ -69,4 +78,6 @@ def test_ctrl_c_stops_the_whole_job_and_prints_one_line(command: list[str]) -> N
     assert [p for p in job if alive(p)] == []
     assert "Traceback" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"ddpgraph{'' if command[0] != 'doctor' else ' doctor'}: interrupted"), err[-3000:]
+    assert last.startswith(f"ddpgraph{'' if command[0] != 'doctor' else ' doctor'}: interrupted"), (
+        err[-3000:]
+    )

@@ -21,7 +21,11 @@ from doc_blocks import REPO, Block, blocks, documents
 
 pytestmark = pytest.mark.multiprocess
 ALL = [b for p in documents() for b in blocks(p)]
-CPU_BASH = [b for b in ALL if b.language == "bash" and b.runs and not b.gpu_only and "run-by" not in b.directives]
+CPU_BASH = [
+    b
+    for b in ALL
+    if b.language == "bash" and b.runs and not b.gpu_only and "run-by" not in b.directives
+]
 
 
 def test_every_directive_is_known() -> None:
@@ -35,7 +39,9 @@ def test_every_python_and_bash_block_is_run_or_marked() -> None:
             assert b.runs or b.directives.get("skip") or "excerpt" in b.directives, b.name
 
 
-@pytest.mark.parametrize("block", [b for b in ALL if "run-by" in b.directives], ids=lambda b: b.name)
+@pytest.mark.parametrize(
+    "block", [b for b in ALL if "run-by" in b.directives], ids=lambda b: b.name
+)
 def test_a_block_run_by_a_test_module_is_read_by_it(block: Block) -> None:
     """The module a `run-by` block names takes its commands from the document (the module
     itself checks that it found them)."""
@@ -44,18 +50,25 @@ def test_a_block_run_by_a_test_module_is_read_by_it(block: Block) -> None:
     assert f'run_by("{block.directives["run-by"]}")' in module.read_text(), block.name
 
 
-@pytest.mark.parametrize("block", [b for b in ALL if "excerpt" in b.directives], ids=lambda b: b.name)
+@pytest.mark.parametrize(
+    "block", [b for b in ALL if "excerpt" in b.directives], ids=lambda b: b.name
+)
 def test_excerpts_are_lines_of_their_files(block: Block) -> None:
     assert doc_blocks.excerpt_problems(block) == []
 
 
 def _python_files() -> list[Path]:
-    return [p for p in documents() if any(b.language == "python" and b.runs and not b.gpu_only for b in blocks(p))]
+    return [
+        p
+        for p in documents()
+        if any(b.language == "python" and b.runs and not b.gpu_only for b in blocks(p))
+    ]
 
 
 # The runner's own check: a block that raises on one rank only, a gpu-only block, a setup.
 RUNNER_DOC = (
-    "```python\nimport torch.distributed as dist\nassert dist.get_rank() == 0, 'not rank 0'\n```\n\n"
+    "```python\nimport torch.distributed as dist\n"
+    "assert dist.get_rank() == 0, 'not rank 0'\n```\n\n"
     "<!-- doc-test: gpu-only -->\n```python\nraise SystemExit(3)\n```\n\n"
     "<!-- doc-test: setup\nvalue = 41\n-->\n```python\nassert value + 1 == 42\n```\n"
 )
@@ -69,11 +82,15 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Launched, Path]:
     root = tmp_path_factory.mktemp("doc_blocks")
     doc = root / "doc.md"
     doc.write_text(RUNNER_DOC)
-    return doc_blocks.launch_documents([*_python_files(), doc], root / "out", nproc=2, gpu=False), doc
+    return doc_blocks.launch_documents(
+        [*_python_files(), doc], root / "out", nproc=2, gpu=False
+    ), doc
 
 
 @pytest.mark.parametrize("path", _python_files(), ids=lambda p: str(p.relative_to(REPO)))
-def test_python_blocks_run_on_two_cpu_processes(path: Path, launched: tuple[Launched, Path]) -> None:
+def test_python_blocks_run_on_two_cpu_processes(
+    path: Path, launched: tuple[Launched, Path]
+) -> None:
     results = launched[0][path]
     assert results and doc_blocks.failures(results) == ""
 
@@ -97,13 +114,37 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     PyTorch), which nothing run in the copy uses."""
     root = tmp_path_factory.mktemp("firstcontact")
     repo = root / "repo"
-    shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", ".*_cache", "out"))
+    shutil.copytree(
+        REPO,
+        repo,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "__pycache__", "*.egg-info", ".*_cache", "out"
+        ),
+    )
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     [packages] = list((venv / "lib").glob("python*/site-packages"))
     (packages / "outer_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "VIRTUAL_ENV"}}
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", COLUMNS="100")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "PYTHONPATH",
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "VIRTUAL_ENV",
+        }
+    }
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        CUDA_VISIBLE_DEVICES="",
+        OMP_NUM_THREADS="1",
+        COLUMNS="100",
+    )
     return repo, env
 
 

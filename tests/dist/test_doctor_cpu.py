@@ -15,7 +15,12 @@ from shared_launches import prefetched
 pytestmark = pytest.mark.multiprocess
 
 PORTABLE = ["portable_graph.py", "cpu_capture_step_portable.py"]
-FROZEN_SCRIPTS = ["cpu_frozen_counter.py", "cpu_frozen_ramp.py", "cpu_frozen_global.py", "cpu_frozen_flag.py"]
+FROZEN_SCRIPTS = [
+    "cpu_frozen_counter.py",
+    "cpu_frozen_ramp.py",
+    "cpu_frozen_global.py",
+    "cpu_frozen_flag.py",
+]
 # Each doctor run starts three processes that import PyTorch, and the hang waits out its
 # limit: they run in the background while other tests run (tests/shared_launches.py).
 # The limit is long enough for both ranks to start and reach their lines on a loaded
@@ -29,7 +34,10 @@ RUNS = {
     "hang": prefetched(lambda: run_doctor("cpu_hang.py", timeout=HANG_LIMIT_S)),
     "nan": prefetched(lambda: run_doctor("cpu_nan_monitor.py")),
     "capture_step_clean": prefetched(lambda: run_doctor("cpu_capture_step_clean.py")),
-    **{name: prefetched(lambda name=name: run_doctor(name)) for name in _NO_CUDA_RUNS + FROZEN_SCRIPTS},
+    **{
+        name: prefetched(lambda name=name: run_doctor(name))
+        for name in _NO_CUDA_RUNS + FROZEN_SCRIPTS
+    },
 }
 
 
@@ -83,7 +91,9 @@ def test_without_a_gpu_nothing_is_checked_and_the_doctor_says_so(name: str) -> N
     assert report["status"] == "unchecked"
     line = marked_cpu(name)
     assert summary(report) == [("NO_CUDA", [0, 1], line)], report["findings"]
-    assert report["findings"][0]["happened"].startswith("nothing was checked because there is no GPU")
+    assert report["findings"][0]["happened"].startswith(
+        "nothing was checked because there is no GPU"
+    )
 
 
 def test_a_non_finite_loss_seen_by_ddpgraphs_monitor() -> None:

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from launcher import ok  # noqa: E402
-from shared_launches import batched  # noqa: E402
+from launcher import ok
+from shared_launches import batched
 
 pytestmark = pytest.mark.multiprocess
 CAPTURED = ["bert", "moe", "moe_bf16", "syncbn", "ckpt", "ckpt_reentrant"]
@@ -27,7 +27,9 @@ Results = dict[str, list[dict[str, Any]]]
 
 # Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
 LAUNCHES = {
-    2: batched("families.py", [f"recording:{n}" for n in [*CAPTURED, *REFUSED]], nproc=2, timeout=900),
+    2: batched(
+        "families.py", [f"recording:{n}" for n in [*CAPTURED, *REFUSED]], nproc=2, timeout=900
+    ),
     4: batched("families.py", ["recording:syncbn", "recording:moe"], nproc=4, timeout=900),
 }
 
@@ -62,16 +64,23 @@ def test_each_family_is_captured_and_trains_like_eager(results: Results, name: s
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
-def test_a_host_read_in_the_library_is_refused_with_its_line_on_every_rank(results: Results, name: str) -> None:
+def test_a_host_read_in_the_library_is_refused_with_its_line_on_every_rank(
+    results: Results, name: str
+) -> None:
     for r in ok(results[name]):
         assert r["state"] == "eager" and r["code"] == "HOST_SYNC_IN_CAPTURE", r["reason"]
         assert REFUSED[name] in r["reason"] and "[ranks 0-1]" in r["reason"]
         assert r["same_losses"] and r["param_rel_diff"] == 0.0
 
 
-def test_the_per_expert_loop_names_transformers_fixed_shape_routing_as_the_fix(results: Results) -> None:
+def test_the_per_expert_loop_names_transformers_fixed_shape_routing_as_the_fix(
+    results: Results,
+) -> None:
     for r in ok(results["moe_eager_experts"]):
-        assert 'HINT: `MixtralExperts` routes tokens with `experts_implementation="eager"`' in r["reason"]
+        assert (
+            'HINT: `MixtralExperts` routes tokens with `experts_implementation="eager"`'
+            in r["reason"]
+        )
         assert 'experts_implementation="grouped_mm"' in r["reason"]
 
 

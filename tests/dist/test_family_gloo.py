@@ -72,4 +72,7 @@ def test_a_failed_added_graph_stays_on_its_rank(results: Results, variant: str) 
     for r in ranks:
         graphs = r["stats"]["graphs"]
         assert graphs == (1 if r["rank"] == last else len(set(r["sizes"]))), r
-    assert any("injected failure of an added graph" in w and f"only on rank {last}" in w for w in ranks[0]["warnings"])
+    assert any(
+        "injected failure of an added graph" in w and f"only on rank {last}" in w
+        for w in ranks[0]["warnings"]
+    )

@@ -44,7 +44,9 @@ def _every_sample_once_per_epoch(r: dict[str, Any]) -> None:
     assert r["reference_trained_per_index"] == [float(EPOCHS)], r
 
 
-def test_a_capture_failing_on_one_rank_loses_and_repeats_no_batch(results: Results, variant: str) -> None:
+def test_a_capture_failing_on_one_rank_loses_and_repeats_no_batch(
+    results: Results, variant: str
+) -> None:
     ranks = _ranks(results, "loader_fail_one_rank", variant)
     world = len(ranks)
     calls = len(ranks[0]["states"])
@@ -52,7 +54,9 @@ def test_a_capture_failing_on_one_rank_loses_and_repeats_no_batch(results: Resul
         _every_sample_once_per_epoch(r)
         # Every rank fell back on the capture call, together, naming the failing rank.
         assert r["states"] == ["warmup"] * WARMUP + ["eager"] * (calls - WARMUP), r["states"]
-        assert r["state"] == "eager" and r["code"] == "CAPTURE_FAILED" and r["ranks"] == [world - 1], r
+        assert (
+            r["state"] == "eager" and r["code"] == "CAPTURE_FAILED" and r["ranks"] == [world - 1]
+        ), r
         assert r["stats"]["replays"] == 0 and r["stats"]["eager_steps"] == calls - WARMUP
         assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0, r
 

@@ -20,8 +20,20 @@ pytestmark = pytest.mark.multiprocess
 
 SCRIPT = "cpu_frozen.py"
 REFUSED = {"counter": "counter", "ramp": "ramp", "weight_from_global": "global"}
-RECORDED = [*REFUSED, "flag_after_capture", "flag_after_capture_unchecked", "flag_on_one_rank", "counter_after_capture"]
-CLEAN = ["clean_demo_gpt", "clean_hf_gpt2", "clean_hf_llama", "clean_cnn_sgd", "clean_accumulate_scaler"]
+RECORDED = [
+    *REFUSED,
+    "flag_after_capture",
+    "flag_after_capture_unchecked",
+    "flag_on_one_rank",
+    "counter_after_capture",
+]
+CLEAN = [
+    "clean_demo_gpt",
+    "clean_hf_gpt2",
+    "clean_hf_llama",
+    "clean_cnn_sgd",
+    "clean_accumulate_scaler",
+]
 AT_4 = ["counter", "flag_on_one_rank", "counter_after_capture", "clean_cnn_sgd"]
 Results = dict[str, list[dict[str, Any]]]
 # Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
@@ -64,7 +76,9 @@ def test_value_changing_in_warmup_is_refused_at_the_probe(results: Results, name
         assert r["code"] == "FROZEN_PYTHON_VALUE", r["reason"]
         assert r["state"] == "eager" and r["ranks"] == list(range(len(ranks)))
         assert r["line"][1].endswith(f"# frozen: {REFUSED[name]}")  # the user's line
-        assert r["states"] == ["warmup"] * 10 + ["eager"] * 20  # every rank, from the probe step (the 11th) on
+        assert (
+            r["states"] == ["warmup"] * 10 + ["eager"] * 20
+        )  # every rank, from the probe step (the 11th) on
         assert r["stats"]["captures"] == 0
         # Nothing was lost: the step's Python ran on every call, as in eager training.
         assert r["count"] == r["eager_count"]

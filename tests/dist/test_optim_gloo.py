@@ -41,7 +41,9 @@ def test_a_passing_parity_check_keeps_every_rank_captured(results: Results) -> N
         assert r["param_rel_diff"] == 0, r
 
 
-def test_a_checkpoint_of_another_structure_is_captured_again_on_every_rank(results: Results) -> None:
+def test_a_checkpoint_of_another_structure_is_captured_again_on_every_rank(
+    results: Results,
+) -> None:
     ranks = ok(results["checkpoint_of_another_structure"])
     for r in ranks:
         assert r["states"] == ["warmup"] * 11 + ["captured"] * 2 + ["warmup"] + ["captured"] * 2, r

@@ -91,7 +91,9 @@ def test_plain_module_step_on_one_rank_decides_alone(results: Results, variant: 
     assert not any(r["built"] for r in ranks[1:])
 
 
-def test_optimizer_load_on_one_rank_recaptures_on_every_rank(results: Results, variant: str) -> None:
+def test_optimizer_load_on_one_rank_recaptures_on_every_rank(
+    results: Results, variant: str
+) -> None:
     ranks = _ranks(results, "optimizer_load_on_one_rank", variant)
     _same_on_every_rank(ranks, "state")
     _decided_together(ranks, "OPTIMIZER_STATE_REPLACED")
@@ -99,10 +101,14 @@ def test_optimizer_load_on_one_rank_recaptures_on_every_rank(results: Results, v
     for r in ranks:
         assert r["state"] == "captured" and r["stats"]["captures"] == 2, r
     last = ranks[-1]["stats"]
-    assert last["eager_steps"] > ranks[0]["stats"]["eager_steps"]  # ran eagerly until the ranks agreed
+    assert (
+        last["eager_steps"] > ranks[0]["stats"]["eager_steps"]
+    )  # ran eagerly until the ranks agreed
 
 
-def test_input_change_raise_on_one_rank_raises_on_every_rank(results: Results, variant: str) -> None:
+def test_input_change_raise_on_one_rank_raises_on_every_rank(
+    results: Results, variant: str
+) -> None:
     ranks = _ranks(results, "input_raise_on_one_rank", variant)
     _same_on_every_rank(ranks, "raised_at", "raised_code", "raised_ranks", "state")
     assert ranks[0]["raised_code"] == "INPUT_SIGNATURE_CHANGED"
@@ -125,14 +131,18 @@ def test_warmup_that_differs_by_rank_captures_on_one_call(results: Results, vari
     _equal_to_eager(ranks)
 
 
-def test_hyperparameter_guard_raise_on_one_rank_raises_on_every_rank(results: Results, variant: str) -> None:
+def test_hyperparameter_guard_raise_on_one_rank_raises_on_every_rank(
+    results: Results, variant: str
+) -> None:
     ranks = _ranks(results, "hyperparameter_raise_on_one_rank", variant)
     _same_on_every_rank(ranks, "raised_at", "raised_code", "state")
     assert ranks[0]["raised_code"] == "LR_BAKED_INTO_GRAPH" and 14 < ranks[0]["raised_at"] < 40
     _equal_to_eager(ranks)
 
 
-def test_hyperparameter_guard_on_one_rank_falls_back_on_every_rank(results: Results, variant: str) -> None:
+def test_hyperparameter_guard_on_one_rank_falls_back_on_every_rank(
+    results: Results, variant: str
+) -> None:
     ranks = _ranks(results, "hyperparameter_eager_on_one_rank", variant)
     _same_on_every_rank(ranks, "state", "code")
     _decided_together(ranks, "LR_BAKED_INTO_GRAPH")
@@ -156,14 +166,18 @@ def test_non_optimizer_on_one_rank_raises_on_every_rank(results: Results, varian
     assert ranks[0]["ranks"] == [len(ranks) - 1] and "got str" in ranks[0]["text"]
 
 
-def test_unsupported_argument_on_one_rank_raises_on_every_rank_at_the_first_call(results: Results, variant: str) -> None:
+def test_unsupported_argument_on_one_rank_raises_on_every_rank_at_the_first_call(
+    results: Results, variant: str
+) -> None:
     ranks = _ranks(results, "unsupported_argument_on_one_rank", variant)
     _same_on_every_rank(ranks, "raised", "code", "ranks", "calls")
     assert ranks[0]["raised"] and ranks[0]["code"] == "UNSUPPORTED_INPUT"
     assert ranks[0]["ranks"] == [len(ranks) - 1] and ranks[0]["calls"] == 1
 
 
-def test_step_raising_in_the_capture_call_on_one_rank_raises_on_every_rank(results: Results, variant: str) -> None:
+def test_step_raising_in_the_capture_call_on_one_rank_raises_on_every_rank(
+    results: Results, variant: str
+) -> None:
     ranks = _ranks(results, "step_raises_in_capture_on_one_rank", variant)
     _same_on_every_rank(ranks, "states", "state")
     last = ranks[-1]
@@ -178,8 +192,12 @@ def test_step_raising_in_the_capture_call_on_one_rank_raises_on_every_rank(resul
     _equal_to_eager(ranks)
 
 
-@pytest.mark.parametrize("name, calls", [("stops_calling_on_one_rank", 20), ("skips_a_call_on_one_rank", 29)])
-def test_a_rank_that_stops_calling_is_named_by_its_peers(results: Results, name: str, calls: int) -> None:
+@pytest.mark.parametrize(
+    "name, calls", [("stops_calling_on_one_rank", 20), ("skips_a_call_on_one_rank", 29)]
+)
+def test_a_rank_that_stops_calling_is_named_by_its_peers(
+    results: Results, name: str, calls: int
+) -> None:
     ranks = _ranks(results, name, "recording")
     last = len(ranks) - 1
     assert ranks[last]["raised"] is None and ranks[last]["calls"] == calls

@@ -38,7 +38,12 @@ Results = dict[str, list[dict[str, Any]]]
 # Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
 LAUNCHES = {
     2: batched(SCRIPT, both_backends(SCENARIOS), nproc=2, timeout=420),
-    4: batched(SCRIPT, [f"recording:{n}" for n in SCENARIOS if "recording" in VARIANTS], nproc=4, timeout=420),
+    4: batched(
+        SCRIPT,
+        [f"recording:{n}" for n in SCENARIOS if "recording" in VARIANTS],
+        nproc=4,
+        timeout=420,
+    ),
 }
 
 
@@ -56,7 +61,9 @@ def _ranks(results: Results, name: str, variant: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("name", list(CHANGES))
-def test_a_schedule_stays_captured_on_every_rank_and_equals_eager(results: Results, variant: str, name: str) -> None:
+def test_a_schedule_stays_captured_on_every_rank_and_equals_eager(
+    results: Results, variant: str, name: str
+) -> None:
     ranks = _ranks(results, name, variant)
     for r in ranks:
         assert r["states"] == ["warmup"] * 11 + ["captured"] * 9 and r["code"] is None, r
@@ -69,13 +76,18 @@ def test_a_schedule_stays_captured_on_every_rank_and_equals_eager(results: Resul
     assert len({r["param_sum"] for r in ranks}) == 1  # DDP keeps the ranks together
 
 
-def test_momentum_set_after_capture_is_captured_again_on_every_rank_together(results: Results, variant: str) -> None:
+def test_momentum_set_after_capture_is_captured_again_on_every_rank_together(
+    results: Results, variant: str
+) -> None:
     ranks = _ranks(results, "sgd_momentum_set_after_capture", variant)
     for r in ranks:
         # Seen at call 15 (0-based 14), which runs eagerly (the state says so while the
         # report waits) until the agreement at call 16, then one probe step and a new
         # capture with ddpgraph's own update.
-        assert r["states"] == ["warmup"] * 11 + ["captured"] * 3 + ["eager", "warmup"] + ["captured"] * 4, r
+        assert (
+            r["states"]
+            == ["warmup"] * 11 + ["captured"] * 3 + ["eager", "warmup"] + ["captured"] * 4
+        ), r
         assert r["captures"] == 2 and r["code"] is None, r
         assert r["param_rel_diff"] == 0 and r["loss_rel_diff"] == 0, r
     assert len({r["param_sum"] for r in ranks}) == 1

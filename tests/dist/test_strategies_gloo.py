@@ -17,7 +17,13 @@ from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
 
-SCENARIOS = ["auto_agreement", "auto_budget", "partial_agreement", "eval_between_steps", "strategies_equal_eager"]
+SCENARIOS = [
+    "auto_agreement",
+    "auto_budget",
+    "partial_agreement",
+    "eval_between_steps",
+    "strategies_equal_eager",
+]
 Results = dict[str, list[dict[str, Any]]]
 
 
@@ -40,7 +46,12 @@ def test_auto_reaches_the_same_choice_on_every_rank(results: Results, variant: s
     assert all(rep == reports[0] for rep in reports)  # identical, measurements included
     report = reports[0]
     assert report["winner"] == "whole" and report["code"] == "AUTO_CHOSE_STRATEGY"
-    assert _statuses(report) == {"eager": "correct", "whole": "chosen", "partial": "mismatch", "compile": "failed"}
+    assert _statuses(report) == {
+        "eager": "correct",
+        "whole": "chosen",
+        "partial": "mismatch",
+        "compile": "failed",
+    }
     trials = {t["name"]: t for t in report["trials"]}
     assert trials["whole"]["ms_per_step"] == pytest.approx(6.0)  # the slower rank's time
     assert trials["compile"]["code"] == "CAPTURE_FAILED" and "rank 1" in trials["compile"]["detail"]

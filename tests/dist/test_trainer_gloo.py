@@ -1,5 +1,5 @@
-"""`ddpgraph.integrations.transformers.CUDAGraphTrainer` in a real `transformers.Trainer` run on gloo
-CPU processes (`use_cpu=True`), with the recording backend: replays run no Python, so
+"""`ddpgraph.integrations.transformers.CUDAGraphTrainer` in a real `transformers.Trainer` run
+on gloo CPU processes (`use_cpu=True`), with the recording backend: replays run no Python, so
 Trainer's loop around them (scheduler, logging, evaluation, checkpoints) must work from
 what the graph leaves (tests/scenarios/trainer_train.py).
 
@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from launcher import ok  # noqa: E402
-from shared_launches import batched  # noqa: E402
+from launcher import ok
+from shared_launches import batched
 
 pytestmark = pytest.mark.multiprocess
 CAPTURED = ["cosine", "linear_bf16", "evaluate", "no_clipping", "dropout", "compiled"]
@@ -36,7 +36,9 @@ TWO = batched(
     nproc=2,
     timeout=900,
 )
-FOUR = batched("trainer_train.py", ["recording:cosine", "recording:one_rank_callback"], nproc=4, timeout=600)
+FOUR = batched(
+    "trainer_train.py", ["recording:cosine", "recording:one_rank_callback"], nproc=4, timeout=600
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +71,19 @@ def test_each_update_is_captured_and_trains_like_trainer(results: Results, name:
 
 def test_the_schedule_logging_and_evaluation_really_ran(results: Results) -> None:
     r = ok(results["cosine"])[0]
-    assert len(set(r["lrs"])) == r["steps"]  # warm-up then cosine: a new rate every step, after capture too
-    assert len(r["losses"]) == r["steps"] // 4  # logging_steps=4, each an average over the graph's losses
+    assert (
+        len(set(r["lrs"])) == r["steps"]
+    )  # warm-up then cosine: a new rate every step, after capture too
+    assert (
+        len(r["losses"]) == r["steps"] // 4
+    )  # logging_steps=4, each an average over the graph's losses
     assert len(ok(results["evaluate"])[0]["eval_losses"]) == 3  # eval_steps=8 over 24 steps
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
-def test_what_cannot_be_captured_is_refused_once_and_trains_like_trainer(results: Results, name: str) -> None:
+def test_what_cannot_be_captured_is_refused_once_and_trains_like_trainer(
+    results: Results, name: str
+) -> None:
     for r in ok(results[name]):
         assert r["state"] == "eager" and r["code"] == "UNSUPPORTED_SETUP", r["reason"]
         assert REFUSED[name] in r["reason"]
@@ -100,7 +108,11 @@ def test_a_checkpoint_saved_from_the_graph_resumes_and_captures_again(results: R
 def test_the_same_trainer_resumes_from_its_checkpoint_and_captures_again(results: Results) -> None:
     # Its DDP is the one the first `train()` warmed up: one eager update, then the capture.
     for r in ok(results["resume_same_trainer"]):
-        assert r["state"] == "captured" and r["stats"]["captures"] == 1 and r["stats"]["eager_steps"] == 0, r
+        assert (
+            r["state"] == "captured"
+            and r["stats"]["captures"] == 1
+            and r["stats"]["eager_steps"] == 0
+        ), r
         assert r["same_losses"] and r["param_rel_diff"] == 0.0 and r["restored"]
 
 

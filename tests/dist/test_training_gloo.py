@@ -47,7 +47,9 @@ def test_inf_gradient_on_one_rank_is_skipped_on_every_rank(results: Results, var
             _equal(v)
             assert v["scales"] == v["ref_scales"]
             # Backed off at the poisoned steps 4 and 13 (warm-up and replay), on every rank.
-            assert v["scales"][4] == v["scales"][3] / 2 and v["scales"][13] == v["scales"][12] / 2, v["scales"]
+            assert (
+                v["scales"][4] == v["scales"][3] / 2 and v["scales"][13] == v["scales"][12] / 2
+            ), v["scales"]
         assert ranks[0][variant]["params_at_end"] == ranks[1][variant]["params_at_end"]
 
 

@@ -50,6 +50,8 @@ def test_the_waiting_ranks_report_the_stopped_one_and_the_job_ends(
         # Sorted fewest launched first: the stopped rank leads the list of the others.
         others = message.split("finished); ")[1]
         # Its calls too: 3 warm-up calls (a model without DDP) and the 3 replays.
-        assert others.startswith(f"rank {stopper} made 6 calls and launched 3 replays, 3 finished"), message
+        assert others.startswith(
+            f"rank {stopper} made 6 calls and launched 3 replays, 3 finished"
+        ), message
         assert f"[rank {report['rank']}]" in message
     assert "[REPLAY_TIMED_OUT]" in log  # also on stderr, for a job whose log is all there is

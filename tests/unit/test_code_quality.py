@@ -27,6 +27,23 @@ def test_ruff_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.skipif(_run("ruff", "--version").returncode != 0, reason="ruff not installed")
+def test_ruff_reads_every_python_file_of_the_project() -> None:
+    # Ruff's default exclusions hold "dist", the name of the multi-process tests' folder:
+    # pyproject.toml lists its own, or `ruff check tests` passes over them without a word.
+    listed = _run("ruff", "check", "--show-files", "src", "tests", "scripts").stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "src/*.py", "tests/*.py", "scripts/*.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    assert sorted(set(tracked) - {str(Path(p).relative_to(REPO)) for p in listed}) == []
+
+
 @pytest.mark.skipif(_run("mypy", "--version").returncode != 0, reason="mypy not installed")
 @pytest.mark.slow
 def test_mypy_is_clean() -> None:
