@@ -45,8 +45,17 @@ def test_ddp_mixed_precision_is_refused_by_name(
 ) -> None:
     # A rebuilt reducer under DDP's prototype mixed precision trained 7% apart from the
     # same DDP not rebuilt (H200, torch 2.11): adoption refuses it and names it.
+    # The refused model must train on exactly as one never offered. DDP's mixed precision
+    # repeats itself bit for bit only on a GPU to itself: beside other jobs its side-stream
+    # copies race (run 65: a never-offered model trained twice, up to 2e-3 apart, in 10 of
+    # 18 runs side by side; alone, 3 of 3 equal), and then there is no exact reference.
     for r in ok(results["mixed_precision_rebuilt"]):
         assert r["refusal"] is not None and "mixed_precision" in r["refusal"], r["refusal"]
+        if not r["repeats_bitwise"]:
+            pytest.skip(
+                "DDP's mixed precision did not repeat itself bit for bit in this run "
+                f"({r['repeat_rel_diff']:.1e} apart, never offered to ddpgraph): no exact reference"
+            )
         assert r["bitwise_equal"], r["param_rel_diff"]
 
 
