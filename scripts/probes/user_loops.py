@@ -6,9 +6,13 @@ the loop, bf16 autocast, clipping, accumulation, a Python counter in the step.
     torchrun --standalone --nproc_per_node=1 scripts/probes/user_loops.py [--cases a,b]
 
 Prints one JSON line per case: the step's state and reason, the replays, and how far the
-captured run's losses and parameters are from the eager run's (the eager run uses the
-optimizer as written; `capture_step` runs it in its graph-safe mode, so a small
-difference from the eager run is the graph-safe mode's rounding, not a bug).
+captured run's losses and parameters are from two eager runs of the same loop: with the
+optimizer as written, and with it in the graph-safe mode `capture_step` runs it in (the
+suite's bit-for-bit reference; the first differs by that mode's rounding). Parameters are
+compared per tensor (the largest max|a-b| / max|a|, and the tensor's name) and over the
+whole model (||a-b|| / ||a||): AdamW turns rounding noise in a gradient that should be
+zero (an attention key's bias, which softmax ignores) into steps of a full learning rate,
+so the per-tensor figure can be large where the whole model's is not.
 """
 
 from __future__ import annotations
@@ -120,7 +124,9 @@ def _optimizer(kind: str, model: nn.Module, steps: int) -> tuple[torch.optim.Opt
     return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
 
 
-def run(name: str, captured: bool, steps: int, info: Any) -> dict[str, Any]:
+def run(name: str, mode: str, steps: int, info: Any) -> dict[str, Any]:
+    """One run of case `name`: `mode` "eager" (the optimizer as written), "safe" (eagerly,
+    in the optimizer's graph-safe mode) or "captured"."""
     build, kind, shape = CASES[name]
     torch.manual_seed(0)
     model, make_loader, loss_fn = build()
@@ -165,9 +171,11 @@ def run(name: str, captured: bool, steps: int, info: Any) -> dict[str, Any]:
             ema.update(ddp.module)
         return loss.detach()
 
-    step: Any = (
-        ddpgraph.capture_step(train_step, model=ddp, optimizer=opt) if captured else train_step
-    )
+    step: Any = train_step
+    if mode == "captured":
+        step = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt)
+    elif mode == "safe":
+        step = _in_graph_safe_mode(opt, train_step, info.device)
     losses: list[torch.Tensor] = []
     done = 0
     while done < steps:
@@ -186,10 +194,14 @@ def run(name: str, captured: bool, steps: int, info: Any) -> dict[str, Any]:
     torch.cuda.synchronize()
     out: dict[str, Any] = {
         "losses": [float(v) for v in losses],
-        "params": [p.detach().float().clone() for p in ddp.parameters()]
-        + ([p.detach().float().clone() for p in ema.module.parameters()] if ema else []),
+        "params": {n: p.detach().float().clone() for n, p in ddp.module.named_parameters()}
+        | (
+            {f"ema.{n}": p.detach().float().clone() for n, p in ema.module.named_parameters()}
+            if ema
+            else {}
+        ),
     }
-    if captured:
+    if mode == "captured":
         out.update(
             state=step.state.value,
             replays=step.stats.replays,
@@ -197,6 +209,39 @@ def run(name: str, captured: bool, steps: int, info: Any) -> dict[str, Any]:
         )
         step.close()
     return out
+
+
+def _in_graph_safe_mode(opt: torch.optim.Optimizer, step: Any, device: Any) -> Any:
+    from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
+
+    safe = GraphSafeOptimizers([opt], device)
+    assert safe.prepare() is None
+
+    def call(*args: Any) -> Any:
+        with safe.installed():
+            return step(*args)
+
+    return call
+
+
+def _diffs(ref: dict[str, Any], graphed: dict[str, Any]) -> dict[str, Any]:
+    loss = max(
+        abs(a - b) / max(abs(a), 1e-12)
+        for a, b in zip(ref["losses"], graphed["losses"], strict=True)
+    )
+    per_tensor = {
+        n: float((a - graphed["params"][n]).abs().max() / a.abs().max().clamp_min(1e-12))
+        for n, a in ref["params"].items()
+    }
+    worst = max(per_tensor, key=per_tensor.__getitem__)
+    a = torch.cat([t.flatten() for t in ref["params"].values()])
+    b = torch.cat([graphed["params"][n].flatten() for n in ref["params"]])
+    return {
+        "loss_rel_diff": loss,
+        "param_rel_diff": per_tensor[worst],
+        "worst_tensor": worst,
+        "model_rel_diff": float((a - b).norm() / a.norm()),
+    }
 
 
 def main() -> None:
@@ -207,21 +252,14 @@ def main() -> None:
     info = ddpgraph.init_distributed()
     for name in args.cases.split(","):
         try:
-            eager = run(name, False, args.steps, info)
-            graphed = run(name, True, args.steps, info)
-            loss_diff = max(
-                abs(a - b) / max(abs(a), 1e-12)
-                for a, b in zip(eager["losses"], graphed["losses"], strict=True)
-            )
-            param_diff = max(
-                float((a - b).abs().max() / a.abs().max().clamp_min(1e-12))
-                for a, b in zip(eager["params"], graphed["params"], strict=True)
-            )
+            eager = run(name, "eager", args.steps, info)
+            safe = run(name, "safe", args.steps, info)
+            graphed = run(name, "captured", args.steps, info)
             line = {
                 "case": name,
                 **{k: graphed[k] for k in ("state", "replays", "reason")},
-                "loss_rel_diff": loss_diff,
-                "param_rel_diff": param_diff,
+                "vs_eager": _diffs(eager, graphed),
+                "vs_graph_safe_eager": _diffs(safe, graphed),
                 "last_losses": [eager["losses"][-1], graphed["losses"][-1]],
             }
         except Exception as exc:  # a probe reports, it does not stop at the first case
