@@ -61,8 +61,8 @@ def test_fall_back_raises_under_raise_but_not_for_a_missing_gpu() -> None:
 
 
 def test_fall_back_warns_once_with_what_continues_and_points_at_the_caller() -> None:
-    def library_entry() -> None:  # stands in for CapturedStep.__call__
-        fall_back(SYNC, "eager", continues="Evaluation continues eagerly.", stacklevel=2)
+    def library_entry() -> None:  # the caller, outside ddpgraph
+        fall_back(SYNC, "eager", continues="Evaluation continues eagerly.")
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

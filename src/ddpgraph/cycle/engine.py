@@ -369,9 +369,7 @@ class CaptureEngine(CaptureAttempts[R]):
             self._findings = [finding]
         self._state = StepState.EAGER
         self._drop_captured()
-        fall_back(
-            finding, self._options.on_failure, continues=self.continues, warn=warn, stacklevel=5
-        )
+        fall_back(finding, self._options.on_failure, continues=self.continues, warn=warn)
         log.info("not capturing: %s", finding.format())
 
     def _drop_captured(self) -> None:

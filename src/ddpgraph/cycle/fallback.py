@@ -10,12 +10,12 @@ training step and the captured evaluation share them, so the two say the same th
 from __future__ import annotations
 
 import logging
-import warnings
 from dataclasses import replace
 from typing import Literal
 
 from ..ddp.distributed import current_rank
-from ..errors import DdpGraphError, DdpGraphWarning, usage_error
+from ..errors import DdpGraphError, usage_error
+from ..errors import warn as warn_user
 from ..findings import Code, Finding
 
 OnFailure = Literal["eager", "raise"]
@@ -39,7 +39,6 @@ def fall_back(
     *,
     continues: str,
     warn: bool = True,
-    stacklevel: int = 2,
 ) -> None:
     """What giving up a capture means to the user: under `on_failure="raise"` an error (no
     GPU is not a failure: the same script is meant to run on CPU), otherwise a warning on
@@ -48,9 +47,7 @@ def fall_back(
     if on_failure == "raise" and finding.code is not Code.NO_CUDA:
         raise DdpGraphError(finding)
     if warn and current_rank() == 0:
-        warnings.warn(
-            f"{finding.format()}\n{continues}", DdpGraphWarning, stacklevel=stacklevel + 1
-        )
+        warn_user(f"{finding.format()}\n{continues}")
 
 
 def capture_again(finding: Finding) -> None:
@@ -59,9 +56,7 @@ def capture_again(finding: Finding) -> None:
     captures again together, and one message is enough)."""
     log.warning("%s", finding.format())
     if finding.code is Code.FROZEN_PYTHON_VALUE and current_rank() == 0:
-        warnings.warn(
-            f"{finding.format()}\nThe step is captured again.", DdpGraphWarning, stacklevel=4
-        )
+        warn_user(f"{finding.format()}\nThe step is captured again.")
 
 
 class UnservedCalls:
@@ -84,11 +79,7 @@ class UnservedCalls:
             raise DdpGraphError(finding)
         if not self.warned:
             self.warned = True
-            warnings.warn(
-                f"{finding.format()}\n{what_follows} (warned once).",
-                DdpGraphWarning,
-                stacklevel=5,
-            )
+            warn_user(f"{finding.format()}\n{what_follows} (warned once).")
 
 
 def awaiting_decision(finding: Finding, decided_at: int) -> Finding:

@@ -112,7 +112,7 @@ class FamilySteps(CaptureEngine[R]):
                 ddp_tools.reset_reducer(self._model)
             self._raise_agreed(decision, raised)
         if not decision.ok:
-            fall_back(decision.summary(), "eager", continues=_FAILED, stacklevel=4)
+            fall_back(decision.summary(), "eager", continues=_FAILED)
         if decision.reducer_needs_reset:
             # Releases every graph, the one just added too.
             if adding and not out:

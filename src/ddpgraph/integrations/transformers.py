@@ -112,9 +112,7 @@ class TrainerGraphs:
         )
         if not decision.ok:
             self.reason, self._last_state = decision.summary(), StepState.EAGER.value
-            fall_back(
-                self.reason, self._on_failure, continues="Trainer trains eagerly.", stacklevel=4
-            )
+            fall_back(self.reason, self._on_failure, continues="Trainer trains eagerly.")
             return False
         step = capture_step(
             update,

@@ -33,7 +33,6 @@ A replay between two checks evaluates no guard.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -49,7 +48,7 @@ from ..ddp import build as ddp_tools
 from ..ddp.build import process_group_of
 from ..ddp.distributed import current_rank
 from ..ddp.warmup import default_warmup_steps
-from ..errors import DdpGraphWarning, usage_error
+from ..errors import usage_error, warn
 from ..findings import Code, Finding
 from ..options import CaptureOptions
 from ..step.captured_step import CapturedStep
@@ -313,11 +312,9 @@ class CompiledStep(StepBase[R]):
             self._core.report(Report(finding, Action.RAISE))
         elif not self._warned_layout:
             self._warned_layout = True
-            warnings.warn(
+            warn(
                 f"{finding.format()}\nThis step runs eagerly (torch.compile recompiles as needed), "
-                "and so will later calls while the change lasts (warned once).",
-                DdpGraphWarning,
-                stacklevel=3,
+                "and so will later calls while the change lasts (warned once)."
             )
         return self._core.eager_call(finding, *args, **kwargs)
 

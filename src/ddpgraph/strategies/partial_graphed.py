@@ -3,7 +3,6 @@ what was graphed and what was left eager."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from typing import Any
 from torch import nn
 
 from ..ddp.build import model_device
-from ..errors import DdpGraphWarning
+from ..errors import warn
 from ..findings import Code, Finding
 from ..inputs.arguments import Signature, flatten_call
 from .partial_record import AutocastState
@@ -95,11 +94,7 @@ class GraphedForward:
                 "autocast), or graph with samples like the real calls",
                 subject=f"graphed submodule `{self.name or type(self.module).__name__}`",
             )
-            warnings.warn(
-                f"{finding.format()}\n(Warned once for this submodule.)",
-                DdpGraphWarning,
-                stacklevel=3,
-            )
+            warn(f"{finding.format()}\n(Warned once for this submodule.)")
         self.last_fallback = why
         return self.original(*args, **kwargs)
 

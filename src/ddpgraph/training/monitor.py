@@ -21,7 +21,6 @@ none is left waiting in a collective.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..ddp.distributed import current_rank
-from ..errors import DdpGraphError, DdpGraphWarning, usage_error
+from ..errors import DdpGraphError, usage_error, warn
 from ..findings import Code, Finding
 
 Action = Literal["raise", "warn", "report"]
@@ -233,11 +232,9 @@ class NonFiniteMonitor:
             raise DdpGraphError(finding)
         if not self._warned and current_rank() == 0:
             self._warned = True
-            warnings.warn(
+            warn(
                 f"{finding.format()}\nTraining goes on; later non-finite steps are listed in "
-                "`monitor.nonfinite_steps` (warned once).",
-                DdpGraphWarning,
-                stacklevel=3,
+                "`monitor.nonfinite_steps` (warned once)."
             )
 
 
