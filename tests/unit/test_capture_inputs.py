@@ -31,8 +31,8 @@ def test_changed_shape_runs_eagerly_and_warns_once(make_run, batches, same) -> N
 
     assert got.states == ["warmup"] * 11 + ["captured"] * 7  # odd batches never leave capture
     [message] = _graph_warnings(caught)
-    assert message.startswith(
-        "[INPUT_SIGNATURE_CHANGED] `CapturedStep` call: input `args[0]` changed"
+    assert message.startswith(  # the input named as the step names it
+        "[INPUT_SIGNATURE_CHANGED] `CapturedStep` call: input `x` changed"
     )
     assert "(8, 16) float32 on cpu" in message and "(5, 16) float32 on cpu" in message
     assert "HINT:" in message
@@ -56,7 +56,7 @@ def test_changed_target_dtype_is_detected(make_run, batches) -> None:
         warnings.simplefilter("always")
         run.train(data, step)
     [message] = _graph_warnings(caught)
-    assert "`args[1]`" in message and "int64" in message and "uint8" in message
+    assert "`y`" in message and "int64" in message and "uint8" in message
     assert step.stats.input_changes == 1
 
 
@@ -76,9 +76,7 @@ def test_changed_constant_argument_is_detected(make_run, batches) -> None:
     data = batches(13)
     for x, y in data[:12]:
         step(x, y, 1.0)
-    with pytest.raises(
-        ddpgraph.DdpGraphError, match=r"argument `args\[2\]` changed from 1.0 to 0.5"
-    ):
+    with pytest.raises(ddpgraph.DdpGraphError, match=r"argument `scale` changed from 1.0 to 0.5"):
         step(*data[12], 0.5)
 
 
@@ -95,7 +93,7 @@ def test_on_input_change_raise(make_run, batches) -> None:
     err = info.value
     assert not isinstance(err, ddpgraph.DdpGraphUsageError)
     assert err.code is Code.INPUT_SIGNATURE_CHANGED
-    assert "`args[0]`" in str(err) and "(8, 16)" in str(err) and "(5, 16)" in str(err)
+    assert "`x`" in str(err) and "(8, 16)" in str(err) and "(5, 16)" in str(err)
     assert "HINT:" in str(err)
     # Nothing ran, and the step stays captured for well-formed batches.
     assert all(torch.equal(a, b) for a, b in zip(params, run.params(), strict=True))

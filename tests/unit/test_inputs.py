@@ -216,3 +216,20 @@ def test_stage_leaves_is_a_no_op_off_cuda() -> None:
     leaves = [X, 3]
     assert stage_leaves(leaves, torch.device("cpu")) is leaves
     assert stage_leaves(leaves, None) is leaves
+
+
+def test_leaves_are_named_by_the_steps_parameters_where_they_bind() -> None:
+    from ddpgraph.inputs.arguments import leaf_paths
+
+    x, y = torch.zeros(2), torch.zeros(2)
+
+    def step(x: torch.Tensor, batch: tuple[torch.Tensor, ...], i: int, *rest: Any, **kw: Any):
+        return x
+
+    args, kwargs = (x, (x, y), 3, y), {"scale": 1.0, "extra": {"m": y}}
+    assert leaf_paths(args, kwargs, step) == [
+        "x", "batch[0]", "batch[1]", "i", "args[3]", "scale", "extra['m']",
+    ]  # fmt: skip
+    # Without the function (or one without a signature), the positions.
+    assert leaf_paths(args, kwargs)[:4] == ["args[0]", "args[1][0]", "args[1][1]", "args[2]"]
+    assert leaf_paths((x,), {}, print)[0] == "args[0]"

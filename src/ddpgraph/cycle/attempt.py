@@ -140,7 +140,7 @@ class CaptureAttempts(PolicyHooks[R]):
     ) -> Captured:
         """A recording that succeeded, with its signature, the model's mode and DDP flags."""
         assert attempt.graph is not None
-        signature = Signature(leaves, spec, leaf_paths(args, kwargs))
+        signature = Signature(leaves, spec, leaf_paths(args, kwargs, self._fn))
         replayable: ReplayableGraph[Any] = ReplayableGraph(
             attempt.graph, attempt.static, signature, self._options.clone_outputs
         )

@@ -9,6 +9,8 @@ values must not be replayed at all.
 from __future__ import annotations
 
 import enum
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,15 +83,46 @@ def unflatten_call(leaves: list[Any], spec: Any) -> tuple[tuple[Any, ...], dict[
     return tuple(args), dict(kwargs)
 
 
-def leaf_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
-    """Readable names of the flattened leaves: `args[0]`, `kwargs['batch'][1]`."""
+def leaf_paths(
+    args: tuple[Any, ...], kwargs: dict[str, Any], fn: Callable[..., Any] | None = None
+) -> list[str]:
+    """Readable names of the flattened leaves: `args[0]`, `kwargs['batch'][1]`; with the
+    step function `fn`, its parameters' names where they bind (`i` for `args[2]` of
+    `step(x, y, i)`, `batch[1]` for `kwargs['batch'][1]`), the names in the user's code."""
+    positional = _positional_names(fn, len(args))
     pairs, _ = pytree.tree_flatten_with_path((args, kwargs))
     names = []
     for path, _leaf in pairs:
         head, rest = path[0], path[1:]
-        root = "args" if getattr(head, "idx", 0) == 0 else "kwargs"
-        names.append(root + pytree.keystr(rest))
+        first = rest[0] if rest else None
+        key, index = getattr(first, "key", None), getattr(first, "idx", None)
+        if getattr(head, "idx", 0) != 0:  # kwargs
+            named = fn is not None and isinstance(key, str)
+            names.append(
+                f"{key}{pytree.keystr(rest[1:])}" if named else "kwargs" + pytree.keystr(rest)
+            )
+        elif index in positional:
+            names.append(positional[index] + pytree.keystr(rest[1:]))
+        else:
+            names.append("args" + pytree.keystr(rest))
     return names
+
+
+def _positional_names(fn: Callable[..., Any] | None, count: int) -> dict[int, str]:
+    """{index: name} of `fn`'s parameters that the first `count` positional arguments bind
+    to; none past a `*args` (those have no name of their own)."""
+    if fn is None:
+        return {}
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin, or a callable without a signature
+        return {}
+    named: dict[int, str] = {}
+    for i, p in enumerate(parameters[:count]):
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        named[i] = p.name
+    return named
 
 
 def check_supported(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ class ProbeWatch:
         self._fn = fn
         self._call = call
         self._leaves, self._spec = flatten_call(*call)
-        self._names = leaf_paths(*call)
+        self._names = leaf_paths(*call, fn)
         self._tensors = [
             (n, t)
             for n, t in zip(self._names, self._leaves, strict=True)
@@ -112,7 +112,7 @@ class ProbeWatch:
                 if before is not now:
                     return name
             return None
-        now_names = leaf_paths(*self._call)
+        now_names = leaf_paths(*self._call, self._fn)
         return next((n for n in now_names if n not in self._names), None) or next(
             (n for n in self._names if n not in now_names),
             self._names[0] if self._names else "args",

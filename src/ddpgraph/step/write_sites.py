@@ -37,15 +37,19 @@ _MUTATORS = frozenset(
         "__setitem__",
     }
 )
+_NAMED = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 _TOP = re.compile(r"^(args|kwargs)\[(\d+|'[^']*')\]")
 
 
 def parameter_name(fn: Callable[..., Any], path: str) -> str | None:
-    """The parameter of `fn` that receives the argument at `path` (`args[2]['x']`: the
-    third positional parameter; `kwargs['batch'][0]`: `batch`)."""
+    """The parameter of `fn` that receives the argument at `path`: the name `path` starts
+    with where `inputs.arguments.leaf_paths` named it after the parameter (`state['x']`:
+    `state`); otherwise `args[2]['x']`: the third positional parameter (or `*args`),
+    `kwargs['batch'][0]`: `batch`."""
     match = _TOP.match(path)
     if match is None:
-        return None
+        named = _NAMED.match(path)
+        return named.group(0) if named else None
     root, index = match.groups()
     if root == "kwargs":
         return index.strip("'")
