@@ -37,6 +37,11 @@ def usage_error(subject: str, happened: str, fix: str) -> DdpGraphUsageError:
     return DdpGraphUsageError(Finding(Code.INVALID_ARGUMENT, happened, fix, subject))
 
 
+def ddpgraph_file(filename: str) -> bool:
+    """Whether `filename` (a frame's) is one of ddpgraph's own modules."""
+    return os.path.abspath(filename).startswith(_PACKAGE)
+
+
 def warn(message: str) -> None:
     """Warn with `DdpGraphWarning`, attributed to the user's line: the first frame outside
     ddpgraph and PyTorch (the loop's call of the step, a Trainer's call of it), whatever

@@ -53,6 +53,47 @@ def test_scheduler_stepped_inside_the_step_is_refused_at_the_end_of_warmup(
     assert same(run.params(), ref.params())
 
 
+def _warm_up_in_the_step(run) -> None:
+    """A learning-rate warm-up written into the param groups inside the step."""
+    calls = [0]
+
+    def warm_up() -> None:
+        calls[0] += 1
+        for group in run.optimizer.param_groups:
+            group["lr"] = 1e-2 * min(1.0, calls[0] / 20)  # the warm-up's line
+
+    run.inside = warm_up
+
+
+def test_a_learning_rate_assigned_in_the_step_is_refused_at_its_line(
+    make_run, batches, same
+) -> None:
+    data = batches(14)
+    ref = make_run(graph_safe=True)
+    _warm_up_in_the_step(ref)
+    expected = ref.train(data)
+
+    run = make_run()
+    _warm_up_in_the_step(run)
+    groups = [(g, type(g)) for g in run.optimizer.param_groups]
+    step = run.capture()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = run.train(data, step)
+
+    reason = step.reason
+    assert reason is not None and reason.code is Code.LR_BAKED_INTO_GRAPH
+    assert reason.location is not None and reason.location.filename == __file__
+    assert reason.location.source.endswith("# the warm-up's line")
+    assert _graph_warnings(caught)[0].startswith("[LR_BAKED_INTO_GRAPH]")
+    # The user's param groups are the same plain dicts, holding what the step wrote.
+    assert [(g, type(g)) for g in run.optimizer.param_groups] == groups
+    assert all(a is b for (a, _), b in zip(groups, run.optimizer.param_groups, strict=True))
+    assert type(run.optimizer.param_groups[0]["lr"]) is float  # as written, not ddpgraph's
+    assert got.losses == expected.losses
+    assert same(run.params(), ref.params())
+
+
 def _sgd_changed_at_14(make_run, batches, same, key: str, value: float, calls: int):
     """SGD with momentum whose `key` is set to `value` at call 15 (after capture),
     captured and eagerly with the same settings: equal bit for bit. The step, its

@@ -36,6 +36,7 @@ from ..ddp.warmup import (
 from ..errors import DdpGraphUsageError
 from ..findings import Code, Finding
 from ..inputs.arguments import leaf_paths, stage_leaves, unflatten_call
+from ..optimizer.group_writes import group_writes
 from ..optimizer.safe_optimizers import GraphSafeOptimizers
 from ..options import CaptureOptions
 from ..probe.probe_checks import ProbeWatch
@@ -168,6 +169,7 @@ class CapturedStep(StepSetup[R]):
         with (
             host_sync_probe(enabled=isinstance(self._backend, CudaGraphBackend)) as probe,
             watch.watching(),
+            group_writes(self._optim.optimizers) as assigned,
         ):
             out = self._eager(staged, spec)
         self.stats.warmup_steps += 1
@@ -176,16 +178,15 @@ class CapturedStep(StepSetup[R]):
         # step also synchronises reading the mirrored tensors, and moving it is the fix.
         # A synchronisation inside a library is left to the capture to judge: libraries
         # that test for a capture skip it there (see `ProbeResult.findings`).
-        accumulates = (
-            [self._grad_sync.finding] if self._grad_sync.finding else []
-        )  # this call or an earlier one
+        accumulating = self._grad_sync.finding  # in this call or an earlier one
         syncs = probe.findings(defer_library=True)
         # A Python branch that changes from call to call beside a library's host read is
         # that read's doing (a loop over what a tensor holds): the read is the cause.
         cause = probe.library_cause() if self._values.probe_branched and not syncs else None
-        written = {targets[t]: where for t, where in self._values.written_at().items()}
+        # A write into a mirrored tensor (`fill_`) names the line, else the assignment.
+        written = {**assigned, **{targets[t]: w for t, w in self._values.written_at().items()}}
         findings = (
-            accumulates
+            ([accumulating] if accumulating else [])
             + self._optim.changed_by_step(hyper, written)
             + syncs
             + ([cause] if cause else [])
