@@ -16,6 +16,8 @@ fallback on every rank, before anything is captured:
 
 from __future__ import annotations
 
+import inspect
+import linecache
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -48,7 +50,9 @@ class ProbeWatch:
         with torch.no_grad():
             self._values = [t.detach().clone() for _, t in self._tensors]
         self._declared = {id(o) for o in optimizers}
-        self._stepped: dict[int, Optimizer] = {}
+        self._optimizers = list(optimizers)
+        self._stepped: dict[int, Optimizer] = {}  # stepped, not passed
+        self._stepped_declared: set[int] = set()
 
     @contextmanager
     def watching(self) -> Iterator[None]:
@@ -63,6 +67,8 @@ class ProbeWatch:
     def _on_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
         if id(optimizer) not in self._declared:
             self._stepped[id(optimizer)] = optimizer
+        else:
+            self._stepped_declared.add(id(optimizer))
 
     def findings(self) -> list[Finding]:
         found: list[Finding] = []
@@ -91,6 +97,7 @@ class ProbeWatch:
             found.append(
                 _input_finding(changed, "the step puts a new value into its list or dict", where)
             )
+        found += self._not_stepped()
         for opt in self._stepped.values():
             name = type(opt).__name__
             found.append(
@@ -117,6 +124,40 @@ class ProbeWatch:
             (n for n in self._names if n not in now_names),
             self._names[0] if self._names else "args",
         )
+
+    def _not_stepped(self) -> list[Finding]:
+        """A passed optimizer that the step did not step: its gradients are left to code
+        after the step, and a replay writes them into the graph's own tensors, where an
+        optimizer stepped outside (after `zero_grad(set_to_none=True)`) never sees them:
+        training would stop without a word. Step hooks tell (PyTorch 2.0 and later)."""
+        if getattr(optimizer_module, "register_optimizer_step_post_hook", None) is None:
+            return []
+        code = getattr(inspect.unwrap(self._fn), "__code__", None)  # the user's, not a wrapper
+        where = (
+            Location(
+                code.co_filename,
+                code.co_firstlineno,
+                linecache.getline(code.co_filename, code.co_firstlineno).strip(),
+            )
+            if code is not None
+            else None
+        )
+        return [
+            Finding(
+                Code.UNSUPPORTED_SETUP,
+                f"the step function did not step the `{type(opt).__name__}` passed as "
+                "`optimizer=`: the gradients it computes are left to code after it, which "
+                "replays cannot serve (a replay writes them into the graph's own tensors, "
+                "so an optimizer stepped outside would stop updating without a word)",
+                "step the optimizer inside the step function (`opt.zero_grad(set_to_none="
+                "True)`, `loss.backward()`, `opt.step()`); to step it every N calls, "
+                "accumulate the N micro-batches inside one step with `ddpgraph.accumulate`",
+                subject="`capture_step(optimizer=...)`",
+                location=where,
+            )
+            for opt in self._optimizers
+            if id(opt) not in self._stepped_declared
+        ]
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
