@@ -156,7 +156,10 @@ class ProbeWatch:
                 location=where,
             )
             for opt in self._optimizers
-            if id(opt) not in self._stepped_declared
+            # An optimizer never stepped yet has no state: a loss scaler skips a first
+            # step whose gradients overflowed (the state it would make stays unmade), and
+            # that is not told from a loop's step after the call here.
+            if id(opt) not in self._stepped_declared and opt.state
         ]
 
 
