@@ -29,6 +29,7 @@ from torch.optim import Optimizer
 from ..findings import Code, Finding, Location
 from ..inputs.arguments import flatten_call, leaf_paths
 from ..step.write_sites import parameter_name, write_site
+from .reseeds import reseed_finding, reseeds
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -53,13 +54,15 @@ class ProbeWatch:
         self._optimizers = list(optimizers)
         self._stepped: dict[int, Optimizer] = {}  # stepped, not passed
         self._stepped_declared: set[int] = set()
+        self._reseeded: list[Location | None] = []
 
     @contextmanager
     def watching(self) -> Iterator[None]:
         register = getattr(optimizer_module, "register_optimizer_step_post_hook", None)
         handle = register(self._on_step) if register is not None else None
         try:
-            yield
+            with reseeds() as self._reseeded:
+                yield
         finally:
             if handle is not None:
                 handle.remove()
@@ -98,6 +101,7 @@ class ProbeWatch:
                 _input_finding(changed, "the step puts a new value into its list or dict", where)
             )
         found += self._not_stepped()
+        found += [reseed_finding(where) for where in self._reseeded]
         for opt in self._stepped.values():
             name = type(opt).__name__
             found.append(
