@@ -38,31 +38,24 @@ _MUTATORS = frozenset(
     }
 )
 _NAMED = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
-_TOP = re.compile(r"^(args|kwargs)\[(\d+|'[^']*')\]")
 
 
 def parameter_name(fn: Callable[..., Any], path: str) -> str | None:
-    """The parameter of `fn` that receives the argument at `path`: the name `path` starts
-    with where `inputs.arguments.leaf_paths` named it after the parameter (`state['x']`:
-    `state`); otherwise `args[2]['x']`: the third positional parameter (or `*args`),
-    `kwargs['batch'][0]`: `batch`."""
-    match = _TOP.match(path)
-    if match is None:
-        named = _NAMED.match(path)
-        return named.group(0) if named else None
-    root, index = match.groups()
-    if root == "kwargs":
-        return index.strip("'")
+    """The parameter of `fn` that receives the argument at `path`, a name that
+    `inputs.arguments.leaf_paths` gave with `fn`: the parameter it starts with (`state['x']`:
+    `state`), or, for a position it left unnamed (`args[3]`, past the named parameters),
+    the `*args` parameter."""
     try:
-        params = list(inspect.signature(fn).parameters.values())
+        params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return None
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    i = int(index)
-    if i < len(positional):
-        return positional[i].name
-    varargs = [p for p in params if p.kind is p.VAR_POSITIONAL]
-    return varargs[0].name if varargs else None
+    named = _NAMED.match(path)
+    root = named.group(0) if named else None
+    if any(p.name == root and p.kind is not p.VAR_POSITIONAL for p in params):
+        return root
+    if not path.startswith("args["):
+        return None
+    return next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
 
 
 def write_site(fn: Callable[..., Any], name: str | None, *, through_data: bool) -> Location | None:
