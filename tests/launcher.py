@@ -60,7 +60,8 @@ def scenarios_for_world(
 def torchrun_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO / "src"), str(SCENARIOS), env.get("PYTHONPATH", "")]
+        # tests/ too: the scenarios share its stand-ins (`perturbed`) with the unit tests.
+        [str(REPO / "src"), str(SCENARIOS), str(REPO / "tests"), env.get("PYTHONPATH", "")]
     )
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"

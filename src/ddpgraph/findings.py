@@ -188,8 +188,10 @@ CATALOG: dict[Code, CodeInfo] = {
         "A Python value the step computes would be frozen into the graph",
         "A replay runs no Python: a number the step's Python passes to an operation (a loss "
         "weight from a step counter, a size, an index) or the branch it takes is the one "
-        "recorded at capture, repeated by every replay. Calls of the step were seen to differ "
-        "in such a value.",
+        "recorded at capture, repeated by every replay, and Python state outside the step that "
+        "it changes (a list it appends to, a counter, an iterator it takes batches from) stops "
+        "changing. Calls of the step were seen to differ in such a value, or to change such "
+        "state.",
         "Pass the value into the step as a tensor argument, or keep it in a device tensor the "
         "step updates in place; make a branch a tensor operation (`torch.where`) or move it "
         "out of the step.",

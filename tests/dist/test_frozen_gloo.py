@@ -26,6 +26,7 @@ RECORDED = [
     "flag_after_capture_unchecked",
     "flag_on_one_rank",
     "counter_after_capture",
+    "history",
 ]
 CLEAN = [
     "clean_demo_gpt",
@@ -34,7 +35,7 @@ CLEAN = [
     "clean_cnn_sgd",
     "clean_accumulate_scaler",
 ]
-AT_4 = ["counter", "flag_on_one_rank", "counter_after_capture", "clean_cnn_sgd"]
+AT_4 = ["counter", "flag_on_one_rank", "counter_after_capture", "history", "clean_cnn_sgd"]
 Results = dict[str, list[dict[str, Any]]]
 # Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
 LAUNCHES = (
@@ -84,6 +85,20 @@ def test_value_changing_in_warmup_is_refused_at_the_probe(results: Results, name
         assert r["count"] == r["eager_count"]
         assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
         assert "in the last 3 warm-up steps" in r["reason"]
+    _warned_once(ranks)
+
+
+def test_state_changed_outside_the_step_is_refused_at_its_line(results: Results) -> None:
+    """A count the step keeps and never passes to torch: replays would stop it counting."""
+    ranks = _ranks(results, "history")
+    for r in ranks:
+        assert r["code"] == "FROZEN_PYTHON_VALUE" and r["state"] == "eager", r["reason"]
+        assert r["ranks"] == list(range(len(ranks)))
+        assert "the step changes `state['count']`" in r["reason"]
+        assert r["line"][1].endswith("# frozen: history")  # in the helper the step calls
+        assert r["states"] == ["warmup"] * 10 + ["eager"] * 20 and r["stats"]["captures"] == 0
+        assert r["count"] == r["eager_count"] == 30
+        assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
     _warned_once(ranks)
 
 

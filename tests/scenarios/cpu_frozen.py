@@ -5,8 +5,8 @@ a global the loop sets, a flag flipped after capture), each trained through
 `capture_step` and as the same loop run eagerly with the optimizer's graph-safe mode
 (`harness.with_same_settings`), and steps that must stay captured: real models built
 from their libraries' configurations, dropout, clipping, bf16 autocast, accumulation,
-loss scaling, a pinned multi-worker DataLoader, a step that keeps Python state of its
-own that it never passes to torch.
+loss scaling, a pinned multi-worker DataLoader. (A step that changes Python state outside
+it, which it never passes to torch, is refused: `history`.)
 """
 
 from __future__ import annotations
@@ -210,6 +210,17 @@ def counter_after_capture(info: DistInfo) -> dict[str, Any]:
     return _against_eager(info, loss_of, before_call, verify_every=2)
 
 
+def history(info: DistInfo) -> dict[str, Any]:
+    """Python state outside the step that it never passes to torch, changed on every call
+    (a count here; a loss history alike): replays would stop changing it."""
+
+    def loss_of(out: torch.Tensor, y: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        state["count"] += 1  # frozen: history
+        return F.cross_entropy(out, y)
+
+    return _against_eager(info, loss_of)
+
+
 # ------------------------------------------------------------------ steps that must stay captured
 def _clean(
     info: DistInfo,
@@ -262,10 +273,7 @@ def _clean(
 def _plain_step(
     ddp: nn.Module, opt: torch.optim.Optimizer, *, clip: bool = True, autocast: bool = False
 ) -> Callable[..., torch.Tensor]:
-    calls = {"n": 0}  # Python state of the step's own, never passed to torch
-
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        calls["n"] += 1
         opt.zero_grad(set_to_none=True)
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = ddp(x)
@@ -443,6 +451,7 @@ SCENARIOS = {
         flag_after_capture_unchecked,
         flag_on_one_rank,
         counter_after_capture,
+        history,
         clean_demo_gpt,
         clean_hf_gpt2,
         clean_hf_llama,

@@ -21,6 +21,7 @@ import ddpgraph
 from ddpgraph import ParityCheck
 from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.optimizer.safe_optimizers import GraphSafeOptimizers
+from perturbed import FirstReplayPerturbed
 
 STEPS = 16
 
@@ -34,18 +35,12 @@ class Loop:
         self.ddp = ddpgraph.prepare_ddp(net(info))
         self.opt = torch.optim.AdamW(self.ddp.parameters(), lr=1e-2, amsgrad=amsgrad)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1 / (1 + 0.1 * s))
-        self.calls = 0
-        self.perturb_call: int | None = None  # add to a weight in this call (one rank)
 
     def fn(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
         self.opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(self.ddp(x), y)
         loss.backward()
         self.opt.step()
-        if self.calls == self.perturb_call:
-            with torch.no_grad():
-                next(self.ddp.parameters()).add_(1e-3)
         return loss.detach()
 
     def eager(self) -> Callable[..., torch.Tensor]:
@@ -75,10 +70,9 @@ class Loop:
         return [p.detach().clone() for p in self.ddp.parameters()]
 
 
-def _capture(loop: Loop, **kw: Any) -> ddpgraph.CapturedStep[torch.Tensor]:
-    return ddpgraph.capture_step(
-        loop.fn, model=loop.ddp, optimizer=loop.opt, backend=ddpgraph.PassThroughBackend(), **kw
-    )
+def _capture(loop: Loop, backend: Any = None, **kw: Any) -> ddpgraph.CapturedStep[torch.Tensor]:
+    backend = backend or ddpgraph.PassThroughBackend()
+    return ddpgraph.capture_step(loop.fn, model=loop.ddp, optimizer=loop.opt, backend=backend, **kw)
 
 
 def _result(
@@ -100,8 +94,8 @@ def parity_mismatch_on_one_rank(info: DistInfo) -> dict[str, Any]:
     computes something else: every rank gives the graph up at that call."""
     ref, run = Loop(info), Loop(info)
     ref.train(ref.eager())
-    run.perturb_call = 14 if info.rank == 1 else None
-    step = _capture(run, parity=ParityCheck(rtol=1e-6))
+    backend = FirstReplayPerturbed(run.ddp, 1e-3, perturbs=info.rank == 1)
+    step = _capture(run, backend, parity=ParityCheck(rtol=1e-6))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         states = run.train(step)

@@ -187,13 +187,15 @@ def _with(run: Any, fn: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return fn(x, y)  # type: ignore[no-any-return]
 
 
-def test_a_step_with_python_state_it_never_passes_stays_captured(make_run, batches) -> None:
+def test_a_step_with_python_state_it_never_passes_is_refused_at_its_line(make_run, batches) -> None:
+    # Host-side bookkeeping, no torch call: replays would stop counting, so the step is
+    # refused (tests/unit/test_capture_outside_state.py has the other kinds of state).
     run = make_run(fused=True)
     calls = {"n": 0}
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         calls["n"] += 1
-        if calls["n"] % 1000 == 0:  # host-side bookkeeping, no torch call
+        if calls["n"] % 1000 == 0:
             calls["last"] = calls["n"]
         return run.step(x, y)
 
@@ -201,8 +203,12 @@ def test_a_step_with_python_state_it_never_passes_stays_captured(make_run, batch
         step, model=run.model, optimizer=run.optimizer, backend=RecordingBackend(), verify_every=3
     )
     run.train(batches(24), call=captured)
-    assert captured.state is StepState.CAPTURED and captured.reason is None
-    assert captured.stats.value_checks == 4 and captured.stats.captures == 1
+    assert captured.state is StepState.EAGER and calls["n"] == 24
+    reason = captured.reason
+    assert reason is not None and reason.code is Code.FROZEN_PYTHON_VALUE
+    assert "`calls['n']`" in reason.happened and "9, then 10, then 11" in reason.happened
+    assert reason.location is not None
+    assert reason.location.lineno == step.__code__.co_firstlineno + 1
 
 
 def test_a_flag_flipped_after_capture_is_caught_and_captured_again(make_run, batches, same) -> None:

@@ -11,6 +11,7 @@ import torch
 import ddpgraph
 from ddpgraph import Code, ParityCheck
 from ddpgraph.step.parity import as_parity_check, relative_difference
+from perturbed import FirstReplayPerturbed
 
 
 def test_parity_argument_forms() -> None:
@@ -45,27 +46,13 @@ def test_a_passing_check_leaves_training_as_without_it(make_run, batches, same) 
     assert same(run.buffers(), ref.buffers())  # batch-norm statistics: the check's step undone
 
 
-class _Perturbed:
-    """A step whose first replay (the stand-in runs the step again: call `replay`) adds
-    `size` to a weight: a graph that computes something else than eager."""
-
-    def __init__(self, run, replay: int, size: float) -> None:
-        self.run, self.replay, self.size, self.calls = run, replay, size, 0
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        loss = self.run.step(x, y)
-        if self.calls == self.replay:
-            with torch.no_grad():
-                next(self.run.model.parameters()).add_(self.size)
-        return loss
-
-
 def _perturbed_capture(run, size: float, **kw):
-    # Calls: 11 warm-up, the recording (12), the check's eager step (13), its replay (14).
-    fn = _Perturbed(run, replay=14, size=size)
     return ddpgraph.capture_step(
-        fn, model=run.model, optimizer=run.optimizer, backend=ddpgraph.PassThroughBackend(), **kw
+        run.step,
+        model=run.model,
+        optimizer=run.optimizer,
+        backend=FirstReplayPerturbed(run.model, size),
+        **kw,
     )
 
 

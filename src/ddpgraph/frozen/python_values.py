@@ -166,6 +166,8 @@ class Trace:
         self.lines: list[CallLine | None] = []  # the user's line of each entry
         self.guard_failures: list[str] = []  # Dynamo's, during this call
         self.checked = False  # a check call after capture (`value_checks`), not a warm-up step
+        # What the call changed of the Python state outside the step (`outside_state`).
+        self.state_changes: dict[str, tuple[Any, Any]] = {}
 
 
 class ValueWatch(TorchFunctionMode):

@@ -35,6 +35,7 @@ from ..ddp import build as ddp_tools
 from ..findings import Finding, Location
 from ..inputs.arguments import Signature
 from .call_lines import line_location
+from .outside_state import OutsideState, changed_on_every_call, state_finding
 from .python_values import WATCHED_STEPS, Trace, ValueWatch, watching
 from .wording import frozen_finding, guard_finding
 
@@ -78,6 +79,7 @@ class ValueChecks:
         self._action = Action.RECAPTURE if on_failure == "eager" else Action.EAGER
         self._armed: tuple[ValueWatch, Callable[[ValueWatch], None]] | None = None
         self._probe: list[Finding] | None = None
+        self._probe_state: list[Finding] = []
         # The armed call's first in-place write of each target tensor (`arm`).
         self._written: dict[int, Location | None] = {}
         # Whether the probe step took another Python branch than the call before it.
@@ -86,9 +88,12 @@ class ValueChecks:
         self._seen: list[tuple[Signature, tuple[bool, bool], list[Trace]]] = []
         self._captured_at: int | None = None
         self._held: Report | None = None
+        self._outside: OutsideState | None = None
 
     def wrap(self, fn: Callable[..., R]) -> Callable[..., R]:
         """`fn`, watched on the calls `arm` and `arm_check` chose."""
+
+        outside = self._outside = OutsideState(fn, self._model)
 
         @functools.wraps(fn)  # what reads the step's signature and source sees the user's
         def watched(*args: Any, **kwargs: Any) -> R:
@@ -96,8 +101,10 @@ class ValueChecks:
             if armed is None:
                 return fn(*args, **kwargs)
             watch, done = armed
+            before = outside.snapshot()
             with watching(watch, self._compiled_roots):
                 out = fn(*args, **kwargs)
+            watch.trace.state_changes = outside.changes(before)
             done(watch)
             return out
 
@@ -129,7 +136,7 @@ class ValueChecks:
         of tensors whose first in-place write is read with `written_at`."""
         history = self._history(leaves, spec, names)
         reference = history[-1] if probe and history else None
-        self._probe = None
+        self._probe, self._probe_state = None, []
         self.probe_branched = False
         self._written = {}
 
@@ -147,6 +154,7 @@ class ValueChecks:
                 when = f"in the last {len(older) + 2} {watched}"
                 later = "every replay would repeat the value of the call the graph records"
                 self._probe = _findings(watch, older, when, later)
+                self._probe_state = self._state_findings(watch.trace, reference)
                 self.probe_branched = watch.divergence is not None and watch.divergence.is_branch
 
         self._armed = (ValueWatch(reference, targets), done)
@@ -160,6 +168,20 @@ class ValueChecks:
         """After the armed probe step: what differed from the call before it."""
         found, self._probe = self._probe or [], None
         return found
+
+    def probe_state_findings(self) -> list[Finding]:
+        """After the armed probe step: Python state outside the step that it and the call
+        before it changed (`outside_state`)."""
+        found, self._probe_state = self._probe_state, []
+        return found
+
+    def _state_findings(self, probe: Trace, reference: Trace) -> list[Finding]:
+        """Python state outside the step that both the probe step and the call before it
+        changed (`outside_state`)."""
+        path = changed_on_every_call(probe.state_changes, reference.state_changes)
+        if path is None or self._outside is None:
+            return []
+        return [state_finding(path, reference.state_changes, probe.state_changes, self._outside)]
 
     # ----------------------------------------------------------------- captured
     def captured(self, calls: int) -> None:

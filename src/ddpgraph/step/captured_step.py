@@ -36,11 +36,11 @@ from ..ddp.warmup import (
 from ..errors import DdpGraphUsageError
 from ..findings import Code, Finding
 from ..inputs.arguments import leaf_paths, stage_leaves, unflatten_call
-from ..optimizer.group_writes import group_writes
+from ..optimizer.group_writes import Written, group_writes
 from ..optimizer.safe_optimizers import GraphSafeOptimizers
 from ..options import CaptureOptions
 from ..probe.probe_checks import ProbeWatch
-from ..probe.syncs import host_sync_probe
+from ..probe.syncs import ProbeResult, host_sync_probe
 from ..watchdog.watch import ReplayWatchdog, watch_replays
 from .checked_calls import unservable
 from .param_guard import ParamLayout
@@ -174,25 +174,7 @@ class CapturedStep(StepSetup[R]):
             out = self._eager(staged, spec)
         self.stats.warmup_steps += 1
         self._probed = True
-        # A hyper-parameter the step changed comes first: a scheduler stepped inside the
-        # step also synchronises reading the mirrored tensors, and moving it is the fix.
-        # A synchronisation inside a library is left to the capture to judge: libraries
-        # that test for a capture skip it there (see `ProbeResult.findings`).
-        accumulating = self._grad_sync.finding  # in this call or an earlier one
-        syncs = probe.findings(defer_library=True)
-        # A Python branch that changes from call to call beside a library's host read is
-        # that read's doing (a loop over what a tensor holds): the read is the cause.
-        cause = probe.library_cause() if self._values.probe_branched and not syncs else None
-        # A write into a mirrored tensor (`fill_`) names the line, else the assignment.
-        written = {**assigned, **{targets[t]: w for t, w in self._values.written_at().items()}}
-        findings = (
-            ([accumulating] if accumulating else [])
-            + self._optim.changed_by_step(hyper, written)
-            + syncs
-            + ([cause] if cause else [])
-            + watch.findings()
-            + self._values.probe_findings()
-        )
+        findings = self._probe_findings(probe, watch, hyper, assigned, targets)
         self._library_syncs = probe.deferred()
         if self._library_syncs:
             log.info(
@@ -212,6 +194,38 @@ class CapturedStep(StepSetup[R]):
         extra = steps_until_capturable([o.forwards for o in decision.outcomes], self._per_step)
         self._capture_after = self.stats.warmup_steps + extra + 1
         return out
+
+    def _probe_findings(
+        self,
+        probe: ProbeResult,
+        watch: ProbeWatch,
+        hyper: list[list[dict[str, Any]]],
+        assigned: Written,
+        targets: dict[int, tuple[int, int, str]],
+    ) -> list[Finding]:
+        """What the probe step found, the most telling first."""
+        # A hyper-parameter the step changed comes first: a scheduler stepped inside the
+        # step also synchronises reading the mirrored tensors, and moving it is the fix.
+        # A synchronisation inside a library is left to the capture to judge: libraries
+        # that test for a capture skip it there (see `ProbeResult.findings`).
+        accumulating = self._grad_sync.finding  # in this call or an earlier one
+        syncs = probe.findings(defer_library=True)
+        # A Python branch that changes from call to call beside a library's host read is
+        # that read's doing (a loop over what a tensor holds): the read is the cause.
+        cause = probe.library_cause() if self._values.probe_branched and not syncs else None
+        # A write into a mirrored tensor (`fill_`) names the line, else the assignment.
+        written = {**assigned, **{targets[t]: w for t, w in self._values.written_at().items()}}
+        findings = (
+            ([accumulating] if accumulating else [])
+            + self._optim.changed_by_step(hyper, written)
+            + syncs
+            + ([cause] if cause else [])
+            + watch.findings()
+            + self._values.probe_findings()
+        )
+        # Python state the step changes comes last, alone: another finding names what it
+        # feeds (a count that ramps the learning rate), and that finding's fix moves it.
+        return findings or self._values.probe_state_findings()
 
     def _capture_call(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], spec: Any

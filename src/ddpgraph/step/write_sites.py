@@ -1,4 +1,5 @@
-"""Where in the step's own source an argument is written, for the finding that says so.
+"""Where in the step's own source an argument, or state outside the step, is written,
+for the finding that says so.
 
 The probe step sees that an argument changed (its container got a new entry, a tensor's
 values moved without its version counter: `count.data.add_(1)`) but not which line did
@@ -20,7 +21,7 @@ from typing import Any
 
 from ..findings import Location
 
-# Methods that change a list or dict in place.
+# Methods that change a list, dict, set or deque in place.
 _MUTATORS = frozenset(
     {
         "append",
@@ -35,6 +36,11 @@ _MUTATORS = frozenset(
         "sort",
         "reverse",
         "__setitem__",
+        "add",  # a set's; a user's own `meter.add(v)` changes it too
+        "discard",
+        "appendleft",  # a deque's
+        "extendleft",
+        "popleft",
     }
 )
 _NAMED = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
@@ -127,3 +133,57 @@ def _rooted_at(node: ast.expr, name: str) -> bool:
 
 def _through_data(node: ast.expr) -> bool:
     return any(isinstance(n, ast.Attribute) and n.attr == "data" for n in _chain(node))
+
+
+_FIRST_PART = re.compile(
+    r"(?P<root>[A-Za-z_][A-Za-z_0-9]*)(?:\.(?P<attr>[A-Za-z_][A-Za-z_0-9]*)|(?P<item>\[))?"
+)
+
+
+def state_write_site(
+    fn: Callable[..., Any], path: str, *, or_start: bool = True
+) -> Location | None:
+    """The first line of `fn` that changes the state at `path` (`history`,
+    `self.global_step`, `state['count']`, as `frozen.outside_state` names it): rebinds it
+    (a `global` or `nonlocal` counter), assigns into it, calls a method that changes a
+    list or dict, or takes its next item (`next(it)`). Matched by the path's root and
+    its first attribute or index; when none matches, the line where `fn` starts
+    (`or_start`) or None."""
+    start = write_site(fn, None, through_data=False)
+    parsed = _FIRST_PART.match(path)
+    if parsed is None or start is None:
+        return start if or_start else None
+    root, attr, item = parsed["root"], parsed["attr"], parsed["item"] is not None
+    try:
+        lines, first = inspect.getsourcelines(inspect.unwrap(fn))
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return start if or_start else None
+
+    def reaches(node: ast.expr, *, whole: bool) -> bool:
+        chain = list(_chain(node))
+        if not (isinstance(chain[-1], ast.Name) and chain[-1].id == root):
+            return False
+        if len(chain) == 1:
+            return whole and attr is None and not item
+        part = chain[-2]
+        if attr is not None:
+            return isinstance(part, ast.Attribute) and part.attr == attr
+        return not item or isinstance(part, ast.Subscript)
+
+    for node in ast.walk(tree):
+        found = False
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            found = any(reaches(t, whole=True) for t in targets)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in _MUTATORS:
+                found = reaches(func.value, whole=attr is None and not item)
+            elif isinstance(func, ast.Name) and func.id == "next" and node.args:
+                found = reaches(node.args[0], whole=True)
+        if found:
+            lineno = first + node.lineno - 1  # type: ignore[attr-defined]
+            filename = start.filename
+            return Location(filename, lineno, linecache.getline(filename, lineno).strip())
+    return start if or_start else None
