@@ -27,13 +27,14 @@ declare -A GROUPS_=(
   # The doctor's other GPU checks (plain runs, the library chain); its marks are scored
   # beside the groups by score.py, which runs the scripts four at a time. And the docs'
   # Python blocks on the GPU (the published benchmark command stays a stage of its own).
-  # Thirty-odd torchrun launches of a dozen seconds each: split in two halves (d1, d2).
+  # Forty-odd torchrun launches of a dozen seconds each: split in three (d1, d2, d3), as
+  # two halves took 405 s each and one went past the call's limit (run 69).
   [d]="tests/gpu/test_doctor.py --deselect tests/gpu/test_doctor.py::test_findings_are_exactly_the_marked_ones tests/gpu/test_doc_blocks_gpu.py::test_python_blocks_run_on_the_gpus"
 )
 # shellcheck disable=SC2086
 mapfile -t D_IDS < <(python3 -m pytest -m gpu --co -q -p no:cacheprovider ${GROUPS_[d]} 2>/dev/null | grep '::')
 unset 'GROUPS_[d]'
-for i in "${!D_IDS[@]}"; do GROUPS_[d$((i % 2 + 1))]+=" ${D_IDS[$i]}"; done
+for i in "${!D_IDS[@]}"; do GROUPS_[d$((i % 3 + 1))]+=" ${D_IDS[$i]}"; done
 WANTED=("$@")
 [ ${#WANTED[@]} -eq 0 ] && WANTED=("${!GROUPS_[@]}")
 for g in "${WANTED[@]}"; do
