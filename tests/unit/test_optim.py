@@ -136,3 +136,5 @@ def test_baked_finding_for_added_param_groups() -> None:
     opt = torch.optim.AdamW(_params(), lr=0.1)
     finding = baked_finding([HyperparamChange(-1, "param_groups", 1, 2, False)], opt)
     assert finding.happened == "AdamW had 1 param group(s) at capture and has 2 now"
+    # Not the wording of a hyper-parameter read as a Python number.
+    assert "add_param_group" in finding.hint and "Python number" not in finding.hint

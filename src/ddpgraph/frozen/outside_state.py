@@ -85,25 +85,31 @@ class OutsideState:
             ]
 
     def snapshot(self) -> dict[str, Hashable]:
-        """path -> what is kept of the value there (`_leaf`, or a container's kind and size)."""
+        """path -> what is kept of the value there (`_leaf`, or a container's kind and size).
+
+        Never raises: a watch that raised on one rank would leave the others waiting in
+        the next agreement; what could not be read is left out."""
         out: dict[str, Hashable] = {}
         budget = [_BUDGET]
+        seen: set[int] = set()  # an object reached twice is kept under its first path
         for root in self._roots:
             try:
-                value = root.read()
-            except (ValueError, KeyError):  # an empty cell, a global not bound yet
+                _walk(root.read(), root.name, 0, out, budget, seen)
+            except Exception:  # an empty cell, a global not bound yet, an odd object
                 continue
-            _walk(value, root.name, 0, out, budget, set())
         return out
 
     def changes(self, before: dict[str, Hashable]) -> Changes:
         """What differs now from `before`: path -> (before, now), None where absent."""
         now = self.snapshot()
-        return {
-            path: (before.get(path), now.get(path))
-            for path in dict.fromkeys([*before, *now])
-            if before.get(path) != now.get(path)
-        }
+        try:
+            return {
+                path: (before.get(path), now.get(path))
+                for path in dict.fromkeys([*before, *now])
+                if before.get(path) != now.get(path)
+            }
+        except Exception:  # a value whose comparison raised: nothing is claimed
+            return {}
 
     def write_site(self, path: str) -> Location | None:
         """The line of the user's code that writes `path`: searched in the source of the
@@ -121,11 +127,14 @@ class OutsideState:
         )
         named = [(r.owner, (r.alias or r.name) + path[len(r.name) :]) for r in roots]
         named += [(fn, path) for fn in self._functions]
-        for owner, name in named:
-            if owner is not None and (where := state_write_site(owner, name, or_start=False)):
-                return where
-        first = next((owner for owner, _ in named if owner is not None), None)
-        return state_write_site(first, path) if first is not None else None
+        try:
+            for owner, name in named:
+                if owner is not None and (where := state_write_site(owner, name, or_start=False)):
+                    return where
+            first = next((owner for owner, _ in named if owner is not None), None)
+            return state_write_site(first, path) if first is not None else None
+        except Exception:  # a source that would not parse: the finding names no line
+            return None
 
     # ----------------------------------------------------------------- roots
     def _add(self, root: _Root) -> None:
