@@ -76,13 +76,16 @@ class OutsideState:
         self._roots: list[_Root] = []
         self._followed: set[int] = set()
         self._functions: list[types.FunctionType] = []  # the user's, in the order reached
-        self._visit(fn, 0)
-        if model is not None:
-            self._roots += [
-                _Root(f"model.{name}" if name else "model", _constant(m), forward, "self")
-                for name, m in model.named_modules()
-                if _user_class(type(m)) and (forward := getattr(type(m), "forward", None))
-            ]
+        try:
+            self._visit(fn, 0)
+            if model is not None:
+                self._roots += [
+                    _Root(f"model.{name}" if name else "model", _constant(m), forward, "self")
+                    for name, m in model.named_modules()
+                    if _user_class(type(m)) and (forward := getattr(type(m), "forward", None))
+                ]
+        except Exception:  # a callable that will not be read: what was found is watched
+            pass
 
     def snapshot(self) -> dict[str, Hashable]:
         """path -> what is kept of the value there (`_leaf`, or a container's kind and size).
