@@ -39,14 +39,14 @@ import torch
 from torch import nn
 
 from ..findings import Code, Finding, Location
-from ..probe.code_origin import is_installed_library, is_platform
+from ..probe.code_origin import is_user_file
 from ..step.write_sites import state_write_site
 
 _MAX_DEPTH = 4  # containers entered below a root
 _ENDS = 16  # items kept from each end of a long sequence
 _MAX_ITEMS = 64  # entries kept of a dict or an object
 _BUDGET = 4000  # values kept in one snapshot
-_FOLLOWED = 3  # how deep the user's functions are followed from the step
+_FOLLOW_DEPTH = 3  # how deep the user's functions are followed from the step
 
 Changes = dict[str, tuple[Hashable, Hashable]]
 # The user's subclasses of what torch and ddpgraph follow themselves: an optimizer's
@@ -152,7 +152,7 @@ class OutsideState:
                 self._roots.append(_Root(name, root.read, root.owner, root.alias or root.name))
 
     def _visit(self, fn: Any, depth: int) -> None:
-        if depth > _FOLLOWED:
+        if depth > _FOLLOW_DEPTH:
             return
         try:
             fn = inspect.unwrap(fn)
@@ -247,16 +247,9 @@ def _global_names(code: types.CodeType) -> Iterator[str]:
             yield from _global_names(const)
 
 
-@functools.lru_cache(maxsize=4096)
-def _user_file(filename: str) -> bool:
-    return not filename.startswith("<") and not (
-        is_platform(filename) or is_installed_library(filename)
-    )
-
-
 def _user_function(fn: Any) -> bool:
     code = getattr(fn, "__code__", None)
-    return code is not None and _user_file(code.co_filename)
+    return code is not None and is_user_file(code.co_filename)
 
 
 def _user_class(cls: type) -> bool:
@@ -266,7 +259,7 @@ def _user_class(cls: type) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _user_module(name: str) -> bool:
     filename = getattr(sys.modules.get(name), "__file__", None)
-    return isinstance(filename, str) and _user_file(filename)
+    return isinstance(filename, str) and is_user_file(filename)
 
 
 # ------------------------------------------------------------------ the walk

@@ -170,11 +170,13 @@ def baked_finding(changes: list[HyperparamChange], optimizer: Optimizer) -> Find
             "frozen into the graph"
         )
     update = own_update(optimizer)
+    then = "a schedule that changes it needs eager steps, which ddpgraph now runs"
     if change.key == "param_groups":
         why = (
             "the graph steps the parameters of the groups it recorded, and a group added "
             "with `add_param_group` is not among them; add groups before the step is captured"
         )
+        then = "eager steps, which ddpgraph now runs, step every group"
     elif update is not None and change.key == update.key:
         read = (
             f"`{change.key}[{update.element}]`" if update.element is not None else f"`{change.key}`"
@@ -193,12 +195,7 @@ def baked_finding(changes: list[HyperparamChange], optimizer: Optimizer) -> Find
     return Finding(
         Code.LR_BAKED_INTO_GRAPH,
         happened,
-        f"{why}; "
-        + (
-            "eager steps, which ddpgraph now runs, step every group"
-            if change.key == "param_groups"
-            else "a schedule that changes it needs eager steps, which ddpgraph now runs"
-        ),
+        f"{why}; {then}",
         subject="`optimizer.param_groups`",
     )
 

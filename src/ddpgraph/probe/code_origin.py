@@ -10,6 +10,7 @@ frame and the operation that waited, with a fix that needs no edit of the librar
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
@@ -52,6 +53,13 @@ def is_platform(path: str) -> bool:
     if under(path, (TORCH_DIR, _OWN_DIR)):
         return True
     return under(path, _STDLIB_DIRS) and not is_installed_library(path)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_user_file(path: str) -> bool:
+    """The user's own code: neither the platform nor an installed library, nor code
+    without a file (`<string>`, `<stdin>`)."""
+    return not path.startswith("<") and not (is_platform(path) or is_installed_library(path))
 
 
 def package_of(path: str) -> str:

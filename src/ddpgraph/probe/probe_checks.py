@@ -16,8 +16,6 @@ fallback on every rank, before anything is captured:
 
 from __future__ import annotations
 
-import inspect
-import linecache
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -28,7 +26,7 @@ from torch.optim import Optimizer
 
 from ..findings import Code, Finding, Location
 from ..inputs.arguments import flatten_call, leaf_paths
-from ..step.write_sites import parameter_name, write_site
+from ..step.write_sites import def_location, parameter_name, write_site
 from .reseeds import reseed_finding, reseeds
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
@@ -136,16 +134,7 @@ class ProbeWatch:
         training would stop without a word. Step hooks tell (PyTorch 2.0 and later)."""
         if getattr(optimizer_module, "register_optimizer_step_post_hook", None) is None:
             return []
-        code = getattr(inspect.unwrap(self._fn), "__code__", None)  # the user's, not a wrapper
-        where = (
-            Location(
-                code.co_filename,
-                code.co_firstlineno,
-                linecache.getline(code.co_filename, code.co_firstlineno).strip(),
-            )
-            if code is not None
-            else None
-        )
+        where = def_location(self._fn)  # the user's, not a wrapper
         return [
             Finding(
                 Code.UNSUPPORTED_SETUP,

@@ -64,20 +64,26 @@ def parameter_name(fn: Callable[..., Any], path: str) -> str | None:
     return next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
 
 
+def def_location(fn: Callable[..., Any]) -> Location | None:
+    """The line where the user's `fn` starts (through `functools.wraps` wrappers); None
+    without code."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is None:
+        return None
+    return Location(
+        code.co_filename,
+        code.co_firstlineno,
+        linecache.getline(code.co_filename, code.co_firstlineno).strip(),
+    )
+
+
 def write_site(fn: Callable[..., Any], name: str | None, *, through_data: bool) -> Location | None:
     """The first line of `fn` that writes parameter `name`: into its container
     (`name[k] = v`, `del name[k]`, `name.append(v)`, ...), or, with `through_data`, its
     values through `.data` (`name.data.add_(1)`, `name.data[0] = v`). The line where `fn`
     starts when no such line is found; None without a source."""
-    code = getattr(inspect.unwrap(fn), "__code__", None)
-    if code is None:
-        return None
-    start = Location(
-        code.co_filename,
-        code.co_firstlineno,
-        linecache.getline(code.co_filename, code.co_firstlineno).strip(),
-    )
-    if name is None:
+    start = def_location(fn)
+    if start is None or name is None:
         return start
     try:
         lines, first = inspect.getsourcelines(inspect.unwrap(fn))
@@ -86,9 +92,7 @@ def write_site(fn: Callable[..., Any], name: str | None, *, through_data: bool) 
         return start
     for node in _writes(tree, name, through_data):
         lineno = first + node.lineno - 1
-        return Location(
-            code.co_filename, lineno, linecache.getline(code.co_filename, lineno).strip()
-        )
+        return Location(start.filename, lineno, linecache.getline(start.filename, lineno).strip())
     return start
 
 
@@ -149,7 +153,7 @@ def state_write_site(
     list or dict, or takes its next item (`next(it)`). Matched by the path's root and
     its first attribute or index; when none matches, the line where `fn` starts
     (`or_start`) or None."""
-    start = write_site(fn, None, through_data=False)
+    start = def_location(fn)
     parsed = _FIRST_PART.match(path)
     if parsed is None or start is None:
         return start if or_start else None
