@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import code_checks
+import collector
 import ddpgraph
 import shared_launches
 from ddpgraph.ddp.distributed import DistInfo
@@ -75,6 +76,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # A stable sort: modules stay whole and in order, those reading background runs last.
     items.sort(key=lambda item: shared_launches.reads_background(getattr(item, "module", None)))
     shared_launches.select(items)
+    # Every test module is imported by now: what they and the libraries made stays out of
+    # the collections the tests' own garbage brings (tests/collector.py).
+    collector.settle()
+    collector.tune()
     if any(item.nodeid.endswith("test_code_quality.py::test_mypy_is_clean") for item in items):
         code_checks.start_mypy()
 

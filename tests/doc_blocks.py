@@ -33,7 +33,6 @@ An HTML comment on the line(s) just before a block changes that, one directive e
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import re
@@ -44,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import collector
 from launcher import collect, torchrun_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -271,6 +271,7 @@ def run_python_blocks(path: Path, out: Path, gpu: bool) -> None:
     import ddpgraph
 
     info = ddpgraph.init_distributed()
+    collector.tune()
     for index, block in enumerate(b for b in blocks(path) if b.language == "python" and b.runs):
         if block.gpu_only and not gpu:
             continue
@@ -293,7 +294,7 @@ def _close_steps(namespace: dict[str, object]) -> None:
         if type(value).__module__.startswith("ddpgraph") and callable(close):
             close()
     namespace.clear()
-    gc.collect()
+    collector.settle()
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import gc
 import json
 import os
 import time
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import collector
 import ddpgraph
 from ddpgraph.backends.graph import GraphBackend
 from ddpgraph.backends.recording import RecordingBackend
@@ -103,10 +103,10 @@ def run(registry: dict[str, Scenario] | Callable[[list[str]], dict[str, Scenario
         registry = registry(args.names)
     _GROUP_TIMEOUT_S["launch"] = float(os.environ.get("DDPGRAPH_TEST_PG_TIMEOUT", "120"))
     info = init_distributed(timeout_s=_GROUP_TIMEOUT_S["launch"])
-    # What the imports made (PyTorch, transformers: some 350,000 objects) is never garbage:
-    # frozen, it is left out of every collection, the one after each scenario below
-    # included, which took 0.17 s a rank each without it.
-    gc.freeze()
+    # What the imports made is never garbage: left out of every collection, the one
+    # after each scenario below included (tests/collector.py).
+    collector.settle()
+    collector.tune()
     os.makedirs(args.out, exist_ok=True)
     for name in args.names or list(registry):
         _variant["backend"], base = split_name(name)
@@ -126,8 +126,9 @@ def run(registry: dict[str, Scenario] | Callable[[list[str]], dict[str, Scenario
         # The scenario's models and steps are garbage now, some in reference cycles (DDP's
         # hooks): collected here, not in a later scenario's forked DataLoader worker, where
         # freeing a CUDA tensor that NCCL's stream used aborts the worker (CUDA
-        # "initialization error" in the caching allocator).
-        gc.collect()
+        # "initialization error" in the caching allocator). What is left lives on (the
+        # libraries a scenario imported): later collections leave it out.
+        collector.settle()
         dist.barrier()
     dist.destroy_process_group()
 
