@@ -138,10 +138,12 @@ CATALOG: dict[Code, CodeInfo] = {
         "batch objects, or register them with `torch.utils._pytree.register_pytree_node`.",
     ),
     Code.MODEL_MODE_CHANGED: CodeInfo(
-        "The model's train/eval mode differs from the captured one",
-        "A graph replays the kernels of the mode it was recorded in: dropout and "
+        "The train/eval mode of the model, or of a module inside it, differs from the captured one",
+        "A graph replays the kernels of the modes it was recorded in: dropout and "
         "BatchNorm statistics updates in train mode, none in eval mode.",
-        "Call `model.train()` again after evaluation, before the next training step.",
+        "Call `model.train()` again after evaluation, before the next training step. A "
+        "module meant to stay switched (a frozen BatchNorm) is switched before the first "
+        "step, or a new step is built after.",
     ),
     Code.INPUT_CHANGED_BY_STEP: CodeInfo(
         "The step writes into an argument, or an argument gets a gradient",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ddpgraph
-from ddpgraph import Code, StepState
+from ddpgraph import Code, RecordingBackend, StepState
 from ddpgraph.ddp.build import forward_counter
 
 
@@ -170,3 +170,58 @@ def test_eval_mode_call_with_raise(make_run, batches) -> None:
     with pytest.raises(ddpgraph.DdpGraphError) as info:
         step(*data[12])
     assert info.value.code is Code.MODEL_MODE_CHANGED
+
+
+def _freeze_norm(run, at: int, until: int | None = None):
+    """BatchNorm switched to eval mode on its own before call `at` (a frozen BatchNorm,
+    as fine-tuning recipes do halfway through), and back before call `until`."""
+    norm = run.model.module[1]
+    assert isinstance(norm, torch.nn.BatchNorm1d)
+
+    def before(i: int) -> None:
+        if i == at:
+            norm.eval()
+        if i == until:
+            norm.train()
+
+    return before
+
+
+@pytest.mark.parametrize("backend", ["pass-through", "recording"])
+def test_a_submodule_switched_after_capture_runs_eagerly(
+    make_run, batches, same, backend: str
+) -> None:
+    """The recording backend replays without Python, as a CUDA graph does: a replay would
+    keep updating the frozen BatchNorm's statistics with batch statistics."""
+    data = batches(18)
+    ref = make_run(graph_safe=True, fused=True)
+    expected = ref.train(data, before=_freeze_norm(ref, 14, until=16))
+
+    run = make_run(fused=True)
+    make_backend = {"pass-through": ddpgraph.PassThroughBackend, "recording": RecordingBackend}
+    step = run.capture(backend=make_backend[backend]())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = run.train(data, step, before=_freeze_norm(run, 14, until=16))
+
+    [message] = _graph_warnings(caught)
+    assert message.startswith("[MODEL_MODE_CHANGED] `CapturedStep` call:")
+    assert "`module.1` (BatchNorm1d) inside the model in train mode" in message
+    assert "switched to eval mode since" in message
+    s = step.stats
+    assert (s.input_changes, s.eager_steps, s.captures) == (2, 2, 1)
+    assert s.replays == 18 - 11 - 2  # replayed again once it is switched back
+    assert got.losses == expected.losses
+    assert same(run.params(), ref.params())
+    assert same(run.buffers(), ref.buffers())  # the frozen statistics stayed as they were
+
+
+def test_a_submodule_switched_before_capture_is_captured_as_it_is(make_run, batches, same) -> None:
+    data = batches(16)
+    ref = make_run(graph_safe=True, fused=True)
+    expected = ref.train(data, before=_freeze_norm(ref, 0))
+    run = make_run(fused=True)
+    step = run.capture(backend=RecordingBackend())
+    got = run.train(data, step, before=_freeze_norm(run, 0))
+    assert (step.stats.input_changes, step.stats.replays) == (0, 5)
+    assert got.losses == expected.losses and same(run.buffers(), ref.buffers())

@@ -28,7 +28,7 @@ from ..options import CaptureOptions
 from ..probe.diagnose import finding_from_capture_error, raised_by_step, step_raised_finding
 from ..probe.syncs import host_sync_probe
 from .policy_hooks import PolicyHooks
-from .step_state import Attempt, Captured, StepStats
+from .step_state import Attempt, Captured, ModuleModes, StepStats
 
 R = TypeVar("R")
 
@@ -147,4 +147,4 @@ class CaptureAttempts(PolicyHooks[R]):
         forward_sync = bool(getattr(self._model, "require_forward_param_sync", True))
         self.stats.captures += 1
         self.stats.capture_seconds = attempt.seconds
-        return Captured(replayable, self._model.training, forward_sync, buffer_sync)
+        return Captured(replayable, ModuleModes(self._model), forward_sync, buffer_sync)

@@ -20,7 +20,7 @@ from ..findings import Finding
 from ..inputs.arguments import StaticInputs
 from ..inputs.replay import ReplayableGraph
 
-__all__ = ["Captured", "Report", "StepState", "StepStats", "has_peers"]
+__all__ = ["Captured", "ModuleModes", "Report", "StepState", "StepStats", "has_peers"]
 
 
 def has_peers(model: nn.Module) -> bool:
@@ -63,13 +63,39 @@ class Report:
     action: Action
 
 
+class ModuleModes:
+    """The train/eval mode of a model and of each of its submodules at one moment. A graph
+    replays the kernels of the modes it was recorded in (dropout, BatchNorm's batch
+    statistics and their update), whatever the modules say later."""
+
+    def __init__(self, model: nn.Module) -> None:
+        named = list(model.named_modules())
+        self._names = [name for name, _ in named]
+        self._modules = [module for _, module in named]
+        self._training = [module.training for module in self._modules]
+
+    @property
+    def training(self) -> bool:
+        """The model's own mode."""
+        return self._training[0]
+
+    def switched(self) -> tuple[str, nn.Module] | None:
+        """The first module whose mode is not the one kept, with its name in the model
+        ("" for the model itself), or None. Read before every replay: a loop over
+        references, some microseconds for a model of a few hundred modules."""
+        for name, module, was in zip(self._names, self._modules, self._training, strict=True):
+            if module.training is not was:
+                return name, module
+        return None
+
+
 @dataclass(frozen=True)
 class Captured:
     """What was captured, fixed at the capture call: the graph with its inputs, and the
     model's flags that a replay cannot change (it runs no Python)."""
 
     graph: ReplayableGraph[Any]
-    training: bool
+    modes: ModuleModes
     forward_sync: bool
     buffer_sync: bool
     policy: Any = field(default=None)  # what the step keeps of this capture (its guards)

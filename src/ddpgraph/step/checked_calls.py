@@ -9,8 +9,8 @@ what a recapture keeps).
 A call the graph cannot serve runs eagerly on the rank that sees it, which is safe: an
 eager DDP step runs the same collectives in the same order as a replay. Seen: tensor
 shapes, dtypes, devices and `requires_grad`; the structure of the arguments; non-tensor
-arguments (compared by value); the model's own train/eval mode. Not seen: a submodule's
-mode switched on its own, and Python state the step reads.
+arguments (compared by value); the train/eval mode of the model and of each of its
+submodules. Not seen here: Python state the step reads (`value_checks`).
 
 `CheckedCalls` is the family engine with these checks; `CapturedStep` builds on it and
 consults `_grad_sync` in its probe step and before each replay.
@@ -48,16 +48,22 @@ def unservable(
     """Why `captured` cannot replay this call, or None."""
     if not captured.graph.serves(leaves, spec):
         return captured.graph.changed_input(args, kwargs, "`CapturedStep` call", current_rank())
-    if model.training is not captured.training:
-        then = "train" if captured.training else "eval"
-        now = "train" if model.training else "eval"
-        return Finding(
-            Code.MODEL_MODE_CHANGED,
-            f"the step was captured with the model in {then} mode and is called in {now} mode",
-            subject="`CapturedStep` call",
-            ranks=(current_rank(),),
+    switched = captured.modes.switched()
+    if switched is None:
+        return None
+    name, module = switched
+    now = "train" if module.training else "eval"
+    then = "eval" if module.training else "train"
+    if name:
+        what = (
+            f"the step was captured with `{name}` ({type(module).__name__}) inside the model "
+            f"in {then} mode, and it was switched to {now} mode since"
         )
-    return None
+    else:
+        what = f"the step was captured with the model in {then} mode and is called in {now} mode"
+    return Finding(
+        Code.MODEL_MODE_CHANGED, what, subject="`CapturedStep` call", ranks=(current_rank(),)
+    )
 
 
 class CheckedCalls(FamilySteps[R]):

@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from ..agreement.agree import Action, Outcome, agree
-from ..cycle.step_state import Report, StepState, StepStats
+from ..cycle.step_state import ModuleModes, Report, StepState, StepStats
 from ..ddp import build as ddp_tools
 from ..ddp.build import process_group_of
 from ..ddp.distributed import current_rank
@@ -81,23 +81,22 @@ class _Layout:
     mode, and the parameter tensors with their `requires_grad`."""
 
     def __init__(self, model: nn.Module) -> None:
-        self._modules = list(model.modules())
-        self._training = [m.training for m in self._modules]
+        self._modes = ModuleModes(model)
         self._model = model
         self._params = list(model.parameters())
         self._requires = [p.requires_grad for p in self._params]
 
     def change(self) -> Finding | None:
-        for m, was in zip(self._modules, self._training, strict=True):
-            if m.training is not was:
-                return Finding(
-                    Code.MODEL_MODE_CHANGED,
-                    f"a `{type(m).__name__}` inside the model was switched to "
-                    f"{'train' if m.training else 'eval'} mode after capture",
-                    "switch submodules back before training steps, or build a new step for "
-                    "the new configuration",
-                    subject="`make_step(strategy='compile')` call",
-                )
+        if (switched := self._modes.switched()) is not None:
+            name, m = switched
+            return Finding(
+                Code.MODEL_MODE_CHANGED,
+                f"a `{type(m).__name__}` inside the model (`{name or 'the model'}`) was "
+                f"switched to {'train' if m.training else 'eval'} mode after capture",
+                "switch submodules back before training steps, or build a new step for "
+                "the new configuration",
+                subject="`make_step(strategy='compile')` call",
+            )
         params = list(self._model.parameters())
         if len(params) != len(self._params) or any(
             a is not b or a.requires_grad is not r
