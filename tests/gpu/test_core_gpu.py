@@ -32,6 +32,7 @@ ALL_NAMES = [
     "momentum_schedule",
     "stream_usage",
     "failed_capture_with_dropout",
+    "frozen_norm",
     "fail_one_rank_in_forward",
 ]
 # Read only by the tests marked two_ranks: one rank failing alone, one rank's odd batch.
@@ -174,3 +175,15 @@ def test_a_failed_capture_leaves_dropout_working_and_training_eager(
         assert r["eager_error"] is None, r
         assert r["state"] == "eager" and r["code"] == "HOST_SYNC_IN_CAPTURE", r
         assert r["param_rel_diff"] == 0 and r["loss_rel_diff"] == 0, r
+
+
+def test_a_module_switched_after_capture_runs_eagerly_and_training_stays_equal(
+    results: dict[str, list[dict[str, Any]]],
+) -> None:
+    for r in ok(results["frozen_norm"]):
+        assert r["state"] == "captured"
+        stats = r["stats"]
+        assert (stats["input_changes"], stats["eager_steps"], stats["captures"]) == (4, 4, 1)
+        [message] = r["warnings"]
+        assert "MODEL_MODE_CHANGED" in message and "`module.1` (BatchNorm1d)" in message
+        assert r["same_losses"] and r["param_rel_diff"] == 0.0 and r["buffer_rel_diff"] == 0.0

@@ -573,6 +573,55 @@ def stream_usage(info: DistInfo) -> dict[str, Any]:
     return {k: harness.loss_rel_diff(runs["plain"], v) for k, v in runs.items()}
 
 
+def frozen_norm(info: DistInfo) -> dict[str, Any]:
+    """A BatchNorm switched to eval mode on its own after capture (frozen, as fine-tuning
+    recipes do) and back: those calls run eagerly, the others replay, and training, the
+    statistics included, equals the eager run's bit for bit."""
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Linear(64, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Linear(128, 10)
+        ).to(info.device)
+
+    def freeze(i: int, ddp: nn.Module) -> None:
+        if i in (20, 24):
+            ddp.module[1].train(i == 24)
+
+    batches = _mlp_batches(info, 30)
+    runs: dict[str, Any] = {}
+    for name in ("eager", "captured"):
+        ddp = ddpgraph.prepare_ddp(model(), device_ids=[info.device.index])
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+        if name == "eager":
+            step: Any = harness.with_same_settings(opt, _simple_step(ddp, opt), info.device)
+        else:
+            step = ddpgraph.capture_step(_simple_step(ddp, opt), model=ddp, optimizer=opt)
+        losses = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i, (x, y) in enumerate(batches):
+                freeze(i, ddp)
+                losses.append(float(step(x, y)))
+        runs[name] = {
+            "losses": losses,
+            "params": harness.params_of(ddp),
+            "buffers": [b.detach().clone() for b in ddp.buffers()],
+            "warnings": [str(w.message) for w in caught],
+        }
+        if name == "captured":
+            runs[name]["summary"] = _summary(step)
+            step.close()
+    eager, captured = runs["eager"], runs["captured"]
+    return {
+        **captured["summary"],
+        "warnings": captured["warnings"],
+        "same_losses": eager["losses"] == captured["losses"],
+        "param_rel_diff": harness.rel_diff(eager["params"], captured["params"]),
+        "buffer_rel_diff": harness.rel_diff(eager["buffers"], captured["buffers"]),
+    }
+
+
 REGISTRY = {
     "gpt_equivalence": gpt_equivalence,
     "optimizers": optimizers,
@@ -589,6 +638,7 @@ REGISTRY = {
     "momentum_schedule": momentum_schedule,
     "stream_usage": stream_usage,
     "failed_capture_with_dropout": failed_capture_with_dropout,
+    "frozen_norm": frozen_norm,
     # Last: if NCCL cannot pair up after this failure, only this scenario is lost.
     "fail_one_rank_in_forward": fail_one_rank_in_forward,
 }
