@@ -33,7 +33,7 @@ SCENARIOS = [
     "float_lr_after_capture",
 ]
 # What only a backend that replays without Python can show.
-RECORDING_ONLY = ["host_read_in_backward_on_one_rank"]
+RECORDING_ONLY = ["host_read_in_backward_on_one_rank", "submodule_switched"]
 MULTINODE_SCENARIOS = ["equivalence", "fail_one_rank"]
 # At 4 ranks the recording backend runs what depends on pairing the ranks' replays and
 # failures (these and RECORDING_ONLY); the rest only at 2 ranks, to keep CI's time.
@@ -158,6 +158,17 @@ def test_input_change_on_one_rank(results: Results, variant: str) -> None:
         assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
     [warning] = ranks[last]["warnings"]
     assert "INPUT_SIGNATURE_CHANGED" in warning and "(5, 16)" in warning
+
+
+def test_a_submodule_switched_after_capture_runs_eagerly_on_every_rank(results: Results) -> None:
+    for r in _ranks(results, "submodule_switched", "recording"):
+        assert r["state"] == "closed" and r["code"] is None, r
+        stats = r["stats"]
+        assert (stats["input_changes"], stats["eager_steps"], stats["replays"]) == (2, 2, 7)
+        [warning] = r["warnings"]
+        assert "`module.1` (BatchNorm1d)" in warning and "switched to eval mode" in warning
+        assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
+        assert r["buffer_rel_diff"] == 0.0
 
 
 def test_no_backend_on_cpu(results: Results, variant: str) -> None:

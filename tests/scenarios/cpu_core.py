@@ -275,6 +275,45 @@ def no_backend_on_cpu(info: DistInfo) -> dict[str, Any]:
     return _summary(step)
 
 
+def submodule_switched(info: DistInfo) -> dict[str, Any]:
+    """Every rank freezes a BatchNorm (`eval()`) three calls after capture and switches it
+    back two calls later: those calls run eagerly on every rank, the others replay, and
+    training, statistics included, equals the eager run's."""
+
+    def run(backend: Any) -> tuple[list[float], list[torch.Tensor], list[torch.Tensor], Any]:
+        torch.manual_seed(0)
+        ddp = ddpgraph.prepare_ddp(
+            nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Tanh(), nn.Linear(32, 4))
+        )
+        opt = torch.optim.AdamW(
+            ddp.parameters(), lr=1e-2, **harness.optimizer_kwargs(torch.optim.AdamW)
+        )
+        step: Any = _step_fn(ddp, opt)
+        if backend is None:
+            ddpgraph.graph_safe_optimizer(opt, tensor_lr_on_cpu=True)
+        else:
+            step = ddpgraph.capture_step(step, model=ddp, optimizer=opt, backend=backend)
+        losses = []
+        for i, (x, y) in enumerate(_batches(info, 20)):
+            if i in (14, 16):
+                ddp.module[1].train(i == 16)
+            losses.append(float(step(x, y)))
+        return losses, harness.params_of(ddp), [b.clone() for b in ddp.buffers()], step
+
+    ref_losses, ref_params, ref_buffers, _ = run(None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses, params, buffers, step = run(harness.backend())
+    step.close()
+    return {
+        **_summary(step),
+        "warnings": [str(w.message) for w in caught if "MODEL_MODE_CHANGED" in str(w.message)],
+        "loss_rel_diff": harness.loss_rel_diff(ref_losses, losses),
+        "param_rel_diff": harness.rel_diff(ref_params, params),
+        "buffer_rel_diff": harness.rel_diff(ref_buffers, buffers),
+    }
+
+
 REGISTRY = {
     "equivalence": equivalence,
     "fail_one_rank": fail_one_rank,
@@ -285,6 +324,7 @@ REGISTRY = {
     "no_backend_on_cpu": no_backend_on_cpu,
     "host_read_in_backward_on_one_rank": host_read_in_backward_on_one_rank,
     "float_lr_after_capture": float_lr_after_capture,
+    "submodule_switched": submodule_switched,
 }
 
 if __name__ == "__main__":
