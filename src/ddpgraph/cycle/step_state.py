@@ -74,11 +74,6 @@ class ModuleModes:
         self._modules = [module for _, module in named]
         self._training = [module.training for module in self._modules]
 
-    @property
-    def training(self) -> bool:
-        """The model's own mode."""
-        return self._training[0]
-
     def switched(self) -> tuple[str, nn.Module] | None:
         """The first module whose mode is not the one kept, with its name in the model
         ("" for the model itself), or None. Read before every replay: a loop over

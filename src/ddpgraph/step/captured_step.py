@@ -328,7 +328,7 @@ class CapturedStep(StepSetup[R]):
             else self._values.take_report() or self._layout.check() or self._optim.check()
         )
         if report is None and self._options.on_input_change == "raise":
-            changed = unservable(captured, self._model, args, kwargs, leaves, spec)
+            changed = unservable(captured, args, kwargs, leaves, spec)
             if changed is not None:
                 report = Report(changed, Action.RAISE)
         return report
@@ -341,7 +341,7 @@ class CapturedStep(StepSetup[R]):
         leaves: list[Any],
         spec: Any,
     ) -> bool:
-        changed = unservable(captured, self._model, args, kwargs, leaves, spec)
+        changed = unservable(captured, args, kwargs, leaves, spec)
         if changed is not None:
             self._unserved.seen(changed)
             if not self._family.expects_unserved():  # a family warms up new signatures

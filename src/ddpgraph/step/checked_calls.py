@@ -39,7 +39,6 @@ R = TypeVar("R")
 
 def unservable(
     captured: Captured,
-    model: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     leaves: list[Any],
