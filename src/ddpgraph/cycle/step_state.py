@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..agreement.agree import Action, Outcome
 from ..backends.graph import CapturedGraph
-from ..findings import Finding
+from ..findings import Code, Finding
 from ..inputs.arguments import StaticInputs
 from ..inputs.replay import ReplayableGraph
 
@@ -82,6 +82,25 @@ class ModuleModes:
             if module.training is not was:
                 return name, module
         return None
+
+    def finding(self, subject: str, **extra: Any) -> Finding | None:
+        """MODEL_MODE_CHANGED for the first module switched since (`switched`), or None;
+        `extra` goes to the finding (its fix, its ranks)."""
+        if (switched := self.switched()) is None:
+            return None
+        name, module = switched
+        now = "train" if module.training else "eval"
+        then = "eval" if module.training else "train"
+        if name:
+            what = (
+                f"the step was captured with `{name}` ({type(module).__name__}) inside the "
+                f"model in {then} mode, and it was switched to {now} mode since"
+            )
+        else:
+            what = (
+                f"the step was captured with the model in {then} mode and is called in {now} mode"
+            )
+        return Finding(Code.MODEL_MODE_CHANGED, what, subject=subject, **extra)
 
 
 @dataclass(frozen=True)

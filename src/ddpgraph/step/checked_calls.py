@@ -47,22 +47,7 @@ def unservable(
     """Why `captured` cannot replay this call, or None."""
     if not captured.graph.serves(leaves, spec):
         return captured.graph.changed_input(args, kwargs, "`CapturedStep` call", current_rank())
-    switched = captured.modes.switched()
-    if switched is None:
-        return None
-    name, module = switched
-    now = "train" if module.training else "eval"
-    then = "eval" if module.training else "train"
-    if name:
-        what = (
-            f"the step was captured with `{name}` ({type(module).__name__}) inside the model "
-            f"in {then} mode, and it was switched to {now} mode since"
-        )
-    else:
-        what = f"the step was captured with the model in {then} mode and is called in {now} mode"
-    return Finding(
-        Code.MODEL_MODE_CHANGED, what, subject="`CapturedStep` call", ranks=(current_rank(),)
-    )
+    return captured.modes.finding("`CapturedStep` call", ranks=(current_rank(),))
 
 
 class CheckedCalls(FamilySteps[R]):

@@ -87,16 +87,13 @@ class _Layout:
         self._requires = [p.requires_grad for p in self._params]
 
     def change(self) -> Finding | None:
-        if (switched := self._modes.switched()) is not None:
-            name, m = switched
-            return Finding(
-                Code.MODEL_MODE_CHANGED,
-                f"a `{type(m).__name__}` inside the model (`{name or 'the model'}`) was "
-                f"switched to {'train' if m.training else 'eval'} mode after capture",
-                "switch submodules back before training steps, or build a new step for "
-                "the new configuration",
-                subject="`make_step(strategy='compile')` call",
-            )
+        switched = self._modes.finding(
+            "`make_step(strategy='compile')` call",
+            fix="switch submodules back before training steps, or build a new step for "
+            "the new configuration",
+        )
+        if switched is not None:
+            return switched
         params = list(self._model.parameters())
         if len(params) != len(self._params) or any(
             a is not b or a.requires_grad is not r
