@@ -209,3 +209,80 @@ def test_what_is_watched_is_the_users_and_not_a_librarys() -> None:
     assert not any(path.startswith("sgd") or path.startswith("mine.model.") for path in snapshot)
     step()
     assert state.changes(snapshot) == {"mine.count": (("int", 0), ("int", 1))}
+
+
+class _CallCounter:
+    """A forward hook of the user's, as an object that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        self.calls += 1
+
+
+def _closure_hook() -> Callable[..., None]:
+    seen = 0
+
+    def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        nonlocal seen
+        seen += 1
+
+    return hook
+
+
+def _tensor_hook() -> Callable[..., None]:
+    norms: list[torch.Tensor] = []
+
+    def hook(parameter: torch.Tensor) -> None:
+        norms.append(parameter.grad.norm())
+
+    return hook
+
+
+# (name, register the hook on the model, the path the finding names, its line's source)
+HOOKS: list[tuple[str, Any, str, str]] = [
+    (
+        "object",
+        lambda model: model[0].register_forward_hook(_CallCounter()),
+        "self.calls",
+        "self.calls += 1",
+    ),
+    (
+        "closure",
+        lambda model: model[2].register_forward_hook(_closure_hook()),
+        "seen",
+        "seen += 1",
+    ),
+    (
+        "parameter",
+        lambda model: model[0].weight.register_post_accumulate_grad_hook(_tensor_hook()),
+        "norms",
+        "norms.append(parameter.grad.norm())",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", HOOKS, ids=[c[0] for c in HOOKS])
+def test_a_counter_in_a_hook_on_the_model_is_refused_at_its_line(batches, case) -> None:
+    _, register, path, source = case
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    register(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    captured = ddpgraph.capture_step(step, model=model, optimizer=opt, backend=RecordingBackend())
+    for x, y in batches(14):
+        captured(x, y)
+    assert captured.state is StepState.EAGER and captured.stats.replays == 0
+    reason = captured.reason
+    assert reason is not None and reason.code is Code.FROZEN_PYTHON_VALUE, reason
+    assert f"the step changes `{path}`" in reason.happened, reason.happened
+    assert reason.location is not None and reason.location.source == source, reason.location

@@ -9,7 +9,8 @@ What is watched is what the step's own code reaches by name, and nothing a libra
 The roots are the free variables (closure cells) and globals that the step function's
 code names, `self` of a bound method or of a callable object, the arguments a
 `functools.partial` holds, the same of the user's functions these lead to (a helper the
-step calls), and the model's modules of classes defined in the user's files. From a
+step calls), the model's modules of classes defined in the user's files, and the hooks
+registered on its modules and parameters (a forward hook that counts). From a
 root the walk enters plain containers (list, tuple, dict, set, deque) and objects of
 classes defined in the user's files; it keeps plain values (numbers, strings) by value,
 an iterator by how far it has gone, and a tensor by its shape, dtype and device only: a
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..findings import Code, Finding, Location
+from ..findings import Location
 from ..probe.code_origin import is_user_file
 from ..step.write_sites import state_write_site
 
@@ -84,6 +85,8 @@ class OutsideState:
                     for name, m in model.named_modules()
                     if _user_class(type(m)) and (forward := getattr(type(m), "forward", None))
                 ]
+                for hook in _registered_hooks(model):
+                    self._visit(hook, 1)
         except Exception:  # a callable that will not be read: what was found is watched
             pass
 
@@ -209,6 +212,22 @@ class OutsideState:
     def _visit_value(self, value: Any, depth: int) -> None:
         if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
             self._visit(value, depth)
+
+
+def _registered_hooks(model: nn.Module) -> Iterator[Any]:
+    """The hooks on the model's modules and parameters: its forward and backward call
+    them, so a counter one keeps is state the step changes too."""
+    for module in model.modules():
+        for table in (
+            "_forward_pre_hooks",
+            "_forward_hooks",
+            "_backward_pre_hooks",
+            "_backward_hooks",
+        ):
+            yield from (getattr(module, table, None) or {}).values()
+    for parameter in model.parameters():
+        for table in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+            yield from (getattr(parameter, table, None) or {}).values()
 
 
 def _contents(cell: Any, strict: bool = False) -> Any:
@@ -346,54 +365,3 @@ def _children(value: Any, path: str, out: dict[str, Hashable]) -> Iterator[tuple
             # which a graph keeps per mode): only the public ones the user set are watched.
             if not module or not (name.startswith("_") or name == "training"):
                 yield child, f"{path}.{name}"
-
-
-# ------------------------------------------------------------------ the finding
-def changed_on_every_call(probe: Changes, reference: Changes) -> str | None:
-    """The path, nearest its root, that both calls changed."""
-    both = [p for p in probe if p in reference]
-    return min(both, key=_depth) if both else None
-
-
-def _depth(path: str) -> int:
-    return path.count(".") + path.count("[")
-
-
-def _show(kept: Hashable) -> str:
-    if kept is None:
-        return "absent"
-    assert isinstance(kept, tuple)
-    kind = kept[0]
-    if kind in ("list", "tuple", "deque", "dict", "set"):
-        return f"{kept[1]} items"
-    if kind == "tensor":
-        return f"a tensor of shape {list(kept[1])}"
-    if kind == "iterator":
-        return "an iterator advanced"
-    if kind == "object":
-        return f"a `{kept[1]}`"
-    text = f"{kept[1]:.6g}" if isinstance(kept[1], float) else repr(kept[1])
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def state_finding(path: str, older: Changes, probe: Changes, state: OutsideState) -> Finding:
-    """FROZEN_PYTHON_VALUE for `path`, which the calls of `older` and `probe` changed."""
-    (first, _), (last, now) = older[path], probe[path]
-    kind = now[0] if isinstance(now, tuple) else None
-    values = [_show(v) for v in (first, last, now)]
-    if len(set(values)) < len(values):  # floats that differ past 6 digits (a clock)
-        values = [repr(v[1]) if isinstance(v, tuple) else "absent" for v in (first, last, now)]
-    shown = "it gave another batch on each call" if kind == "iterator" else ", then ".join(values)
-    where = state.write_site(path)
-    return Finding(
-        Code.FROZEN_PYTHON_VALUE,
-        f"the step changes `{path}`, Python state outside it, on every call ({shown} over the "
-        "last 2 warm-up steps); a replay runs no Python, so after capture it would stop "
-        "changing while training goes on",
-        "return what the step produces and do the Python work in the loop "
-        "(`history.append(step(x, y))`, a step counter incremented after the call, the next "
-        "batch taken before it and passed in), or keep it in a device tensor that the step "
-        "updates in place (`total.add_(loss.detach())`)",
-        subject="`capture_step`",
-        location=where,
-    )

@@ -35,9 +35,9 @@ from ..ddp import build as ddp_tools
 from ..findings import Finding, Location
 from ..inputs.arguments import Signature
 from .call_lines import line_location
-from .outside_state import OutsideState, changed_on_every_call, state_finding
+from .outside_state import OutsideState
 from .python_values import WATCHED_STEPS, Trace, ValueWatch, watching
-from .wording import frozen_finding, guard_finding
+from .wording import changed_on_every_call, frozen_finding, guard_finding, state_finding
 
 __all__ = ["DEFAULT_VERIFY_EVERY", "ValueChecks", "check_interval", "doctor_interval"]
 

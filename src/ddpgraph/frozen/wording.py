@@ -1,16 +1,18 @@
 """The words of a FROZEN_PYTHON_VALUE finding: the values a call passed that changed,
-the branch it took, or the torch.compile guard that failed, with the user's line."""
+the branch it took, the torch.compile guard that failed, or the Python state outside the
+step that it changes, with the user's line."""
 
 from __future__ import annotations
 
 import linecache
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from ..findings import Code, Finding, Location
 from .call_lines import CallLine, line_location
+from .outside_state import Changes, OutsideState
 from .python_values import Divergence, Entry, Trace, call_name
 
 _SHOWN_VALUES = 4
@@ -127,4 +129,54 @@ def guard_finding(reasons: Sequence[str], *, when: str, later: str) -> Finding:
         FIX,
         subject="`capture_step`",
         location=guard_location(first),
+    )
+
+
+# ------------------------------------------------------------------ outside state
+def changed_on_every_call(probe: Changes, reference: Changes) -> str | None:
+    """The path, nearest its root, that both calls changed."""
+    both = [p for p in probe if p in reference]
+    return min(both, key=_depth) if both else None
+
+
+def _depth(path: str) -> int:
+    return path.count(".") + path.count("[")
+
+
+def _show_kept(kept: Hashable) -> str:
+    if kept is None:
+        return "absent"
+    assert isinstance(kept, tuple)
+    kind = kept[0]
+    if kind in ("list", "tuple", "deque", "dict", "set"):
+        return f"{kept[1]} items"
+    if kind == "tensor":
+        return f"a tensor of shape {list(kept[1])}"
+    if kind == "iterator":
+        return "an iterator advanced"
+    if kind == "object":
+        return f"a `{kept[1]}`"
+    return _show(kept[1])
+
+
+def state_finding(path: str, older: Changes, probe: Changes, state: OutsideState) -> Finding:
+    """FROZEN_PYTHON_VALUE for `path`, which the calls of `older` and `probe` changed."""
+    (first, _), (last, now) = older[path], probe[path]
+    kind = now[0] if isinstance(now, tuple) else None
+    values = [_show_kept(v) for v in (first, last, now)]
+    if len(set(values)) < len(values):  # floats that differ past 6 digits (a clock)
+        values = [repr(v[1]) if isinstance(v, tuple) else "absent" for v in (first, last, now)]
+    shown = "it gave another batch on each call" if kind == "iterator" else ", then ".join(values)
+    where = state.write_site(path)
+    return Finding(
+        Code.FROZEN_PYTHON_VALUE,
+        f"the step changes `{path}`, Python state outside it, on every call ({shown} over the "
+        "last 2 warm-up steps); a replay runs no Python, so after capture it would stop "
+        "changing while training goes on",
+        "return what the step produces and do the Python work in the loop "
+        "(`history.append(step(x, y))`, a step counter incremented after the call, the next "
+        "batch taken before it and passed in), or keep it in a device tensor that the step "
+        "updates in place (`total.add_(loss.detach())`)",
+        subject="`capture_step`",
+        location=where,
     )
