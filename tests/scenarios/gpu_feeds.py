@@ -20,7 +20,12 @@ the same graph-safe optimizer (`harness.with_same_settings`), and must equal it:
 * `buckets`: a small GPT on variable lengths padded by `ddpgraph.bucket_collate` in the
   loader's workers, `capture_step(max_graphs=4)`, a graph per bucket;
 * `stress_20` / `stress_5`: 20 (5) fresh `capture_step`s in one process on the pinned
-  4-worker loader, each of which must capture and replay.
+  4-worker loader, each of which must capture and replay;
+* `model_sweep`: three torchvision ResNet-18s trained one after another in one process
+  (eager, then captured twice), each epoch from the DataLoader's default workers (forked
+  anew per epoch, pinned), which collect their garbage as they start: the runs before
+  leave their models unreachable in reference cycles, and a worker that freed one of
+  their CUDA tensors would abort.
 
 Without CUDA the whole-step cases run with the CPU recording backend (compile and
 partial skip), which checks the script's own logic.
@@ -534,6 +539,84 @@ def _stress(count: int) -> Callable[[DistInfo], dict[str, Any]]:
     return stress
 
 
+# ------------------------------------------------------------------ sweep
+def _collect_inherited(_: int) -> None:
+    import gc
+
+    gc.collect()
+
+
+def model_sweep(info: DistInfo) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(3)
+    samples = 32 * 6 * info.world_size
+    data = TensorDataset(
+        torch.randn(samples, 3, 32, 32, generator=gen),
+        torch.randint(0, 10, (samples,), generator=gen),
+    )
+    sampler = DistributedSampler(data, num_replicas=info.world_size, rank=info.rank, seed=1)
+    loader = DataLoader(
+        data,
+        batch_size=32,
+        sampler=sampler,
+        num_workers=4,
+        pin_memory=True,
+        drop_last=True,
+        worker_init_fn=_collect_inherited,
+    )
+    runs: dict[str, Any] = {}
+    # cuDNN's fastest convolution gradients add in no fixed order: eager against eager
+    # would differ too. Its deterministic ones make the comparison exact.
+    deterministic = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = True
+    try:
+        _sweep_runs(info, loader, sampler, runs)
+    finally:
+        torch.backends.cudnn.deterministic = deterministic
+    ref = runs.pop("eager")
+    return {
+        "runs": {
+            label: {
+                **got["summary"],
+                "loss_rel_diff": harness.loss_rel_diff(ref["losses"], got["losses"]),
+                "param_rel_diff": harness.rel_diff(ref["params"], got["params"]),
+                "bitwise": ref["losses"] == got["losses"]
+                and harness.rel_diff(ref["params"], got["params"]) == 0.0,
+                "calls": len(got["losses"]),
+            }
+            for label, got in runs.items()
+        }
+    }
+
+
+def _sweep_runs(
+    info: DistInfo, loader: DataLoader[Any], sampler: DistributedSampler[Any], runs: dict[str, Any]
+) -> None:
+    import torchvision
+
+    for label in ("eager", "captured_0", "captured_1"):
+        torch.manual_seed(0)
+        ddp = ddpgraph.prepare_ddp(
+            torchvision.models.resnet18(num_classes=10).to(info.device), **_ids(info)
+        )
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+        fn = _step_fn(ddp, opt)
+        step: Any = (
+            harness.with_same_settings(opt, fn, info.device)
+            if label == "eager"
+            else ddpgraph.capture_step(fn, model=ddp, optimizer=opt, backend=_backend())
+        )
+        losses = []
+        for e in range(3):
+            sampler.set_epoch(e)
+            losses += [float(step(x, y)) for x, y in loader]
+        runs[label] = {"losses": losses, "params": harness.params_of(ddp)}
+        if label != "eager":
+            runs[label]["summary"] = _summary(step)
+            step.close()
+        # The model, its DDP wrapper and the step stay behind as garbage in cycles, for
+        # the next run's workers to inherit.
+
+
 REGISTRY: dict[str, Callable[[DistInfo], dict[str, Any]]] = {
     "loader_pin0_w0": _loader_case(
         Loading(pin_memory=False, workers=0, persistent=False, prefetch=None)
@@ -558,6 +641,7 @@ REGISTRY: dict[str, Callable[[DistInfo], dict[str, Any]]] = {
     "poller": poller,
     "buckets": buckets,
     "own_sync_in_capture": own_sync_in_capture,
+    "model_sweep": model_sweep,
     "stress_20": _stress(20),
     "stress_5": _stress(5),
 }

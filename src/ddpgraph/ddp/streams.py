@@ -7,6 +7,8 @@ ddpgraph owns is what makes DDP's backward capturable.
 
 from __future__ import annotations
 
+import gc
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,6 +16,25 @@ from typing import Any
 import torch
 
 _STREAMS: dict[int, torch.cuda.Stream] = {}
+_FORK_HOOK: list[bool] = []
+
+
+def _keep_inherited_garbage() -> None:
+    # In a forked child (a DataLoader worker) CUDA cannot be used: freeing an inherited
+    # tensor that a second stream used (this module's outputs, NCCL's buffers) or a graph
+    # makes the caching allocator call CUDA, and the worker aborts. What the parent left
+    # unreachable in reference cycles (a closed step, a dropped DDP model, a failed
+    # capture's traceback) would be freed by the child's first full collection: frozen
+    # here, the child's collector never looks at it. The parent's memory is unaffected;
+    # the child keeps pages it shares with the parent instead of copying them to free them.
+    gc.freeze()
+
+
+def guard_forked_children() -> None:
+    """Once per process: forked children never collect the objects they inherit."""
+    if not _FORK_HOOK and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_keep_inherited_garbage)
+        _FORK_HOOK.append(True)
 
 
 def can_run_graphs(device: torch.device) -> bool:
@@ -25,6 +46,7 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
     """The library's stream for `device`, created on first use and reused after."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _STREAMS:
+        guard_forked_children()
         _STREAMS[index] = torch.cuda.Stream(device=index)
     return _STREAMS[index]
 
