@@ -65,10 +65,12 @@ def bert() -> Built:
     return model, loader, loss
 
 
-def vit() -> Built:
+def vit(drop_path: float = 0.0) -> Built:
     import timm
 
-    model = timm.create_model("vit_tiny_patch16_224", num_classes=10, img_size=96)
+    model = timm.create_model(
+        "vit_tiny_patch16_224", num_classes=10, img_size=96, drop_path_rate=drop_path
+    )
     gen = torch.Generator().manual_seed(0)
     data = TensorDataset(
         torch.randn(512, 3, 96, 96, generator=gen), torch.randint(0, 10, (512,), generator=gen)
@@ -109,6 +111,10 @@ CASES: dict[str, tuple[Callable[[], Built], str, dict[str, Any]]] = {
     "vit_ema": (vit, "adamw_cosine", {"ema": True}),
     # an eager evaluation of the same model every 10 steps, between training steps.
     "bert_eval_between": (bert, "adamw_onecycle", {"eval_every": 10}),
+    # every BatchNorm frozen (eval mode) partway through, as fine-tuning recipes do.
+    "resnet_freeze_bn": (resnet, "sgd_multistep", {"freeze_bn_at": 25}),
+    # timm's stochastic depth, its rate raised partway through (a ramp by epoch).
+    "vit_drop_path_ramp": (lambda: vit(0.05), "adamw_cosine", {"drop_path_at": 25}),
 }
 
 
@@ -186,6 +192,14 @@ def run(name: str, mode: str, steps: int, info: Any) -> dict[str, Any]:
             losses.append(step(x, y))
             sched.step()
             done += 1
+            if done == shape.get("drop_path_at"):
+                for module in ddp.modules():
+                    if type(module).__name__ == "DropPath":
+                        module.drop_prob = 2 * module.drop_prob
+            if done == shape.get("freeze_bn_at"):
+                for module in ddp.modules():
+                    if isinstance(module, nn.BatchNorm2d):
+                        module.eval()
             if shape.get("eval_every") and done % shape["eval_every"] == 0:
                 ddp.eval()
                 with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):

@@ -29,6 +29,7 @@ class Code(str, enum.Enum):
     INPUT_SIGNATURE_CHANGED = "INPUT_SIGNATURE_CHANGED"
     UNSUPPORTED_INPUT = "UNSUPPORTED_INPUT"
     MODEL_MODE_CHANGED = "MODEL_MODE_CHANGED"
+    MODULE_SETTING_CHANGED = "MODULE_SETTING_CHANGED"
     CAPTURE_FAILED = "CAPTURE_FAILED"
     INPUT_CHANGED_BY_STEP = "INPUT_CHANGED_BY_STEP"
     OPTIMIZER_NOT_PASSED = "OPTIMIZER_NOT_PASSED"
@@ -144,6 +145,14 @@ CATALOG: dict[Code, CodeInfo] = {
         "Call `model.train()` again after evaluation, before the next training step. A "
         "module meant to stay switched (a frozen BatchNorm) is switched before the first "
         "step, or a new step is built after.",
+    ),
+    Code.MODULE_SETTING_CHANGED: CodeInfo(
+        "A number set on a module inside the model differs from the captured one",
+        "A graph replays the values it was recorded with: a dropout probability, a drop-path "
+        "rate, a norm's epsilon or a temperature on a module of yours stays the captured one.",
+        "Set it before the first step, or build a new step after changing it (`capture_step` "
+        "again, once per epoch for a rate ramped by epoch); a number the forward does not "
+        "read belongs off the module. Until then, such calls run eagerly.",
     ),
     Code.INPUT_CHANGED_BY_STEP: CodeInfo(
         "The step writes into an argument, or an argument gets a gradient",

@@ -160,13 +160,16 @@ def test_input_change_on_one_rank(results: Results, variant: str) -> None:
     assert "INPUT_SIGNATURE_CHANGED" in warning and "(5, 16)" in warning
 
 
-def test_a_submodule_switched_after_capture_runs_eagerly_on_every_rank(results: Results) -> None:
+def test_a_submodule_switched_or_reset_after_capture_runs_eagerly_on_every_rank(
+    results: Results,
+) -> None:
     for r in _ranks(results, "submodule_switched", "recording"):
         assert r["state"] == "closed" and r["code"] is None, r
         stats = r["stats"]
-        assert (stats["input_changes"], stats["eager_steps"], stats["replays"]) == (2, 2, 7)
-        [warning] = r["warnings"]
-        assert "`module.1` (BatchNorm1d)" in warning and "switched to eval mode" in warning
+        assert (stats["input_changes"], stats["eager_steps"], stats["replays"]) == (4, 4, 5)
+        [switched, reset] = r["warnings"]
+        assert "`module.1` (BatchNorm1d)" in switched and "switched to eval mode" in switched
+        assert "[MODULE_SETTING_CHANGED]" in reset and "`module.1.momentum`" in reset
         assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
         assert r["buffer_rel_diff"] == 0.0
 

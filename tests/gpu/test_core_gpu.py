@@ -33,6 +33,7 @@ ALL_NAMES = [
     "stream_usage",
     "failed_capture_with_dropout",
     "frozen_norm",
+    "norm_momentum_ramped",
     "fail_one_rank_in_forward",
 ]
 # Read only by the tests marked two_ranks: one rank failing alone, one rank's odd batch.
@@ -177,13 +178,28 @@ def test_a_failed_capture_leaves_dropout_working_and_training_eager(
         assert r["param_rel_diff"] == 0 and r["loss_rel_diff"] == 0, r
 
 
-def test_a_module_switched_after_capture_runs_eagerly_and_training_stays_equal(
-    results: dict[str, list[dict[str, Any]]],
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        (
+            "frozen_norm",
+            "[MODEL_MODE_CHANGED] `CapturedStep` call: the step was captured with "
+            "`module.1` (BatchNorm1d)",
+        ),
+        (
+            "norm_momentum_ramped",
+            "[MODULE_SETTING_CHANGED] `CapturedStep` call: the step was captured with "
+            "`module.1.momentum` (BatchNorm1d) at 0.1, and it is 0.3 now",
+        ),
+    ],
+)
+def test_a_module_switched_or_reset_after_capture_runs_eagerly_and_training_stays_equal(
+    results: dict[str, list[dict[str, Any]]], name: str, said: str
 ) -> None:
-    for r in ok(results["frozen_norm"]):
+    for r in ok(results[name]):
         assert r["state"] == "captured"
         stats = r["stats"]
         assert (stats["input_changes"], stats["eager_steps"], stats["captures"]) == (4, 4, 1)
         [message] = r["warnings"]
-        assert "MODEL_MODE_CHANGED" in message and "`module.1` (BatchNorm1d)" in message
+        assert message.startswith(said), message
         assert r["same_losses"] and r["param_rel_diff"] == 0.0 and r["buffer_rel_diff"] == 0.0

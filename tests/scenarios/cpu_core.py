@@ -277,8 +277,9 @@ def no_backend_on_cpu(info: DistInfo) -> dict[str, Any]:
 
 def submodule_switched(info: DistInfo) -> dict[str, Any]:
     """Every rank freezes a BatchNorm (`eval()`) three calls after capture and switches it
-    back two calls later: those calls run eagerly on every rank, the others replay, and
-    training, statistics included, equals the eager run's."""
+    back two calls later, then sets its momentum to another value and back two calls
+    later: those calls run eagerly on every rank, the others replay, and training,
+    statistics included, equals the eager run's."""
 
     def run(backend: Any) -> tuple[list[float], list[torch.Tensor], list[torch.Tensor], Any]:
         torch.manual_seed(0)
@@ -297,6 +298,8 @@ def submodule_switched(info: DistInfo) -> dict[str, Any]:
         for i, (x, y) in enumerate(_batches(info, 20)):
             if i in (14, 16):
                 ddp.module[1].train(i == 16)
+            if i in (17, 19):
+                ddp.module[1].momentum = 0.4 if i == 17 else 0.1
             losses.append(float(step(x, y)))
         return losses, harness.params_of(ddp), [b.clone() for b in ddp.buffers()], step
 
@@ -307,7 +310,7 @@ def submodule_switched(info: DistInfo) -> dict[str, Any]:
     step.close()
     return {
         **_summary(step),
-        "warnings": [str(w.message) for w in caught if "MODEL_MODE_CHANGED" in str(w.message)],
+        "warnings": [str(w.message) for w in caught if "_CHANGED]" in str(w.message)],
         "loss_rel_diff": harness.loss_rel_diff(ref_losses, losses),
         "param_rel_diff": harness.rel_diff(ref_params, params),
         "buffer_rel_diff": harness.rel_diff(ref_buffers, buffers),

@@ -578,15 +578,30 @@ def frozen_norm(info: DistInfo) -> dict[str, Any]:
     recipes do) and back: those calls run eagerly, the others replay, and training, the
     statistics included, equals the eager run's bit for bit."""
 
+    def freeze(i: int, ddp: nn.Module) -> None:
+        if i in (20, 24):
+            ddp.module[1].train(i == 24)
+
+    return _norm_changed(info, freeze)
+
+
+def norm_momentum_ramped(info: DistInfo) -> dict[str, Any]:
+    """The BatchNorm's momentum set to another value after capture (a setting a recipe
+    ramps) and back: as `frozen_norm`, with MODULE_SETTING_CHANGED."""
+
+    def ramp(i: int, ddp: nn.Module) -> None:
+        if i in (20, 24):
+            ddp.module[1].momentum = 0.3 if i == 20 else 0.1
+
+    return _norm_changed(info, ramp)
+
+
+def _norm_changed(info: DistInfo, change: Callable[[int, nn.Module], None]) -> dict[str, Any]:
     def model() -> nn.Module:
         torch.manual_seed(0)
         return nn.Sequential(
             nn.Linear(64, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Linear(128, 10)
         ).to(info.device)
-
-    def freeze(i: int, ddp: nn.Module) -> None:
-        if i in (20, 24):
-            ddp.module[1].train(i == 24)
 
     batches = _mlp_batches(info, 30)
     runs: dict[str, Any] = {}
@@ -601,7 +616,7 @@ def frozen_norm(info: DistInfo) -> dict[str, Any]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for i, (x, y) in enumerate(batches):
-                freeze(i, ddp)
+                change(i, ddp)
                 losses.append(float(step(x, y)))
         runs[name] = {
             "losses": losses,
@@ -639,6 +654,7 @@ REGISTRY = {
     "stream_usage": stream_usage,
     "failed_capture_with_dropout": failed_capture_with_dropout,
     "frozen_norm": frozen_norm,
+    "norm_momentum_ramped": norm_momentum_ramped,
     # Last: if NCCL cannot pair up after this failure, only this scenario is lost.
     "fail_one_rank_in_forward": fail_one_rank_in_forward,
 }

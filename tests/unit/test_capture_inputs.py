@@ -225,3 +225,59 @@ def test_a_submodule_switched_before_capture_is_captured_as_it_is(make_run, batc
     got = run.train(data, step, before=_freeze_norm(run, 0))
     assert (step.stats.input_changes, step.stats.replays) == (0, 5)
     assert got.losses == expected.losses and same(run.buffers(), ref.buffers())
+
+
+def _ramp_momentum(run, at: int, until: int | None = None):
+    """The BatchNorm's momentum set to another value before call `at` (a setting a recipe
+    ramps), and back to the captured one before call `until`."""
+    norm = run.model.module[1]
+    assert isinstance(norm, torch.nn.BatchNorm1d) and norm.momentum == 0.1
+
+    def before(i: int) -> None:
+        if i == at:
+            norm.momentum = 0.5
+        if i == until:
+            norm.momentum = 0.1
+
+    return before
+
+
+@pytest.mark.parametrize("backend", ["pass-through", "recording"])
+def test_a_module_setting_changed_after_capture_runs_eagerly(
+    make_run, batches, same, backend: str
+) -> None:
+    """A replay without Python (the recording backend, as a CUDA graph) would go on
+    updating the statistics with the captured momentum."""
+    data = batches(18)
+    ref = make_run(graph_safe=True, fused=True)
+    expected = ref.train(data, before=_ramp_momentum(ref, 14, until=16))
+
+    run = make_run(fused=True)
+    make_backend = {"pass-through": ddpgraph.PassThroughBackend, "recording": RecordingBackend}
+    step = run.capture(backend=make_backend[backend]())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = run.train(data, step, before=_ramp_momentum(run, 14, until=16))
+
+    [message] = _graph_warnings(caught)
+    assert message.startswith("[MODULE_SETTING_CHANGED] `CapturedStep` call:"), message
+    assert "`module.1.momentum` (BatchNorm1d) at 0.1, and it is 0.5 now" in message
+    s = step.stats
+    assert (s.input_changes, s.eager_steps, s.captures) == (2, 2, 1)
+    assert s.replays == 18 - 11 - 2  # replayed again once it is set back
+    assert got.losses == expected.losses
+    assert same(run.params(), ref.params())
+    assert same(run.buffers(), ref.buffers())
+
+
+def test_a_module_setting_changed_with_raise(make_run, batches) -> None:
+    run = make_run()
+    step = run.capture(on_input_change="raise")
+    data = batches(13)
+    for x, y in data[:12]:
+        step(x, y)
+    run.model.module[1].eps = 1e-3
+    with pytest.raises(ddpgraph.DdpGraphError) as info:
+        step(*data[12])
+    assert info.value.code is Code.MODULE_SETTING_CHANGED
+    assert "`module.1.eps` (BatchNorm1d) at 1e-05, and it is 0.001 now" in str(info.value)

@@ -132,12 +132,11 @@ def test_a_graph_that_serves_fewer_calls_than_run_eagerly_is_reported() -> None:
     assert "args[0] changed (0)" in finding.happened
 
 
-def test_a_step_called_in_eval_mode_is_reported_at_once() -> None:
+@pytest.mark.parametrize("code", [Code.MODEL_MODE_CHANGED, Code.MODULE_SETTING_CHANGED])
+def test_a_step_called_with_the_model_changed_is_reported_at_once(code: Code) -> None:
     rec = Recorder()
-    rec.unserved_call(
-        Finding(Code.MODEL_MODE_CHANGED, "captured in train mode, called in eval mode"), CALL_AT
-    )
-    assert [(f.code, f.location) for f in rec.findings] == [(Code.MODEL_MODE_CHANGED, CALL_AT)]
+    rec.unserved_call(Finding(code, "captured in train mode, called in eval mode"), CALL_AT)
+    assert [(f.code, f.location) for f in rec.findings] == [(code, CALL_AT)]
 
 
 # ---------------------------------------------------------------------- no GPU

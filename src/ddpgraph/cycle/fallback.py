@@ -61,13 +61,13 @@ def capture_again(finding: Finding) -> None:
 
 class UnservedCalls:
     """The policy for calls a recording cannot serve: "eager" runs them eagerly and warns
-    the first time; "raise" raises the finding. The caller runs the eager call
+    the first time for each cause (code); "raise" raises the finding. The caller runs the eager call
     (`inputs.replay.run_eager_call`). `first` keeps the first such call's finding, warned
     about or not, so that a step whose calls run eagerly while its graph stays says why."""
 
     def __init__(self, policy: OnFailure) -> None:
         self.policy = policy
-        self.warned = False
+        self.warned: set[Code] = set()
         self.first: Finding | None = None
 
     def seen(self, finding: Finding) -> None:
@@ -77,9 +77,9 @@ class UnservedCalls:
     def admit(self, finding: Finding, what_follows: str) -> None:
         if self.policy == "raise":
             raise DdpGraphError(finding)
-        if not self.warned:
-            self.warned = True
-            warn_user(f"{finding.format()}\n{what_follows} (warned once).")
+        if finding.code not in self.warned:
+            self.warned.add(finding.code)
+            warn_user(f"{finding.format()}\n{what_follows} (warned once for this cause).")
 
 
 def awaiting_decision(finding: Finding, decided_at: int) -> Finding:

@@ -63,7 +63,7 @@ class FamilySteps(CaptureEngine[R]):
         # on an iteration where DDP samples its statistics (this rank's own count).
         return (
             self._family.may_add()
-            and captured.modes.switched() is None
+            and not captured.modes.differ()
             and ddp_tools.will_sync_buffers(self._model) is captured.buffer_sync
             and self._recordable_now()
         )

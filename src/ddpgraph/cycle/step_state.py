@@ -64,15 +64,25 @@ class Report:
 
 
 class ModuleModes:
-    """The train/eval mode of a model and of each of its submodules at one moment. A graph
-    replays the kernels of the modes it was recorded in (dropout, BatchNorm's batch
-    statistics and their update), whatever the modules say later."""
+    """The train/eval mode of a model and of each of its submodules at one moment, and the
+    float settings each keeps in its attributes (a dropout's `p`, a norm's `eps`, a
+    temperature of the user's). A graph replays the kernels of the modes it was recorded
+    in (dropout, BatchNorm's batch statistics and their update), with the values it was
+    recorded with, whatever the modules say later."""
 
     def __init__(self, model: nn.Module) -> None:
         named = list(model.named_modules())
         self._names = [name for name, _ in named]
         self._modules = [module for _, module in named]
         self._training = [module.training for module in self._modules]
+        # Floats only: the settings a recipe ramps. Integers are sizes, fixed once built;
+        # reading them all would cost a replay tens of microseconds on a GPT-2.
+        self._settings = [
+            (i, module.__dict__, attr, value)
+            for i, module in enumerate(self._modules)
+            for attr, value in vars(module).items()
+            if type(value) is float and value == value and not attr.startswith("_")
+        ]
 
     def switched(self) -> tuple[str, nn.Module] | None:
         """The first module whose mode is not the one kept, with its name in the model
@@ -83,11 +93,24 @@ class ModuleModes:
                 return name, module
         return None
 
+    def reset(self) -> tuple[int, str, float] | None:
+        """The first float setting set to another value since: (module index, attribute,
+        value kept), or None. Read before every replay, as the modes are."""
+        for i, attrs, attr, was in self._settings:
+            if attrs.get(attr) != was:
+                return i, attr, was
+        return None
+
+    def differ(self) -> bool:
+        """Whether a module's mode or setting is not the one kept."""
+        return self.switched() is not None or self.reset() is not None
+
     def finding(self, subject: str, **extra: Any) -> Finding | None:
-        """MODEL_MODE_CHANGED for the first module switched since (`switched`), or None;
+        """MODEL_MODE_CHANGED for the first module switched since (`switched`), else
+        MODULE_SETTING_CHANGED for the first setting set since (`reset`), or None;
         `extra` goes to the finding (its fix, its ranks)."""
         if (switched := self.switched()) is None:
-            return None
+            return self._setting_finding(subject, **extra)
         name, module = switched
         now = "train" if module.training else "eval"
         then = "eval" if module.training else "train"
@@ -101,6 +124,18 @@ class ModuleModes:
                 f"the step was captured with the model in {then} mode and is called in {now} mode"
             )
         return Finding(Code.MODEL_MODE_CHANGED, what, subject=subject, **extra)
+
+    def _setting_finding(self, subject: str, **extra: Any) -> Finding | None:
+        if (reset := self.reset()) is None:
+            return None
+        i, attr, was = reset
+        name, module = self._names[i], self._modules[i]
+        where = f"`{name}.{attr}`" if name else f"the model's `{attr}`"
+        what = (
+            f"the step was captured with {where} ({type(module).__name__}) at {was:.6g}, "
+            f"and it is {getattr(module, attr, 'deleted')!r} now"
+        )
+        return Finding(Code.MODULE_SETTING_CHANGED, what, subject=subject, **extra)
 
 
 @dataclass(frozen=True)

@@ -322,7 +322,9 @@ class Recorder:
             )
         )
         self._unserved[finding.code] = ((previous[0] if previous else 0) + 1, first)
-        if finding.code is Code.MODEL_MODE_CHANGED:
+        # What the script changed on the model after capture is its mistake to report;
+        # a batch of another shape (INPUT_SIGNATURE_CHANGED) is only counted.
+        if finding.code in (Code.MODEL_MODE_CHANGED, Code.MODULE_SETTING_CHANGED):
             self.add(first)
 
     def nonfinite(self, finding: Finding, where: Location | None) -> None:
