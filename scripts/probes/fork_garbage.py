@@ -34,6 +34,7 @@ def _sweep(name: str) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     import ddpgraph
+    from ddpgraph.app.reference_step import StepOptions, make_train_step
 
     info = ddpgraph.init_distributed()
     image, plain = name.startswith("resnet18"), name.endswith("plain")
@@ -55,13 +56,9 @@ def _sweep(name: str) -> None:
         ddp = wrap(net.to(info.device), device_ids=[info.device.index])
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
 
-        def train_step(x: torch.Tensor, y: torch.Tensor, ddp: Any = ddp, opt: Any = opt) -> Any:
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(ddp(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
+        train_step = make_train_step(
+            ddp, opt, F.cross_entropy, StepOptions(amp_dtype=None, clip_norm=None)
+        )
         step: Any = train_step
         if run == "captured" and not plain:
             step = ddpgraph.capture_step(train_step, model=ddp, optimizer=opt)

@@ -160,16 +160,33 @@ def test_eval_mode_call_after_capture_runs_eagerly(make_run, batches, same) -> N
     assert same(run.buffers(), ref.buffers())  # eval mode left the statistics alone
 
 
-def test_eval_mode_call_with_raise(make_run, batches) -> None:
+def _set_eps(run) -> None:
+    run.model.module[1].eps = 1e-3
+
+
+# (what changes the model after capture, the code raised, what its message says)
+RAISED = [
+    (lambda run: run.model.eval(), Code.MODEL_MODE_CHANGED, "called in eval mode"),
+    (
+        _set_eps,
+        Code.MODULE_SETTING_CHANGED,
+        "`module.1.eps` (BatchNorm1d) at 1e-05, and it is 0.001",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", RAISED, ids=["eval_mode", "setting"])
+def test_a_changed_model_with_raise(make_run, batches, case) -> None:
+    change, code, says = case
     run = make_run()
     step = run.capture(on_input_change="raise")
     data = batches(13)
     for x, y in data[:12]:
         step(x, y)
-    run.model.eval()
+    change(run)
     with pytest.raises(ddpgraph.DdpGraphError) as info:
         step(*data[12])
-    assert info.value.code is Code.MODEL_MODE_CHANGED
+    assert info.value.code is code and says in str(info.value), info.value
 
 
 def _freeze_norm(run, at: int, until: int | None = None):
@@ -187,46 +204,6 @@ def _freeze_norm(run, at: int, until: int | None = None):
     return before
 
 
-@pytest.mark.parametrize("backend", ["pass-through", "recording"])
-def test_a_submodule_switched_after_capture_runs_eagerly(
-    make_run, batches, same, backend: str
-) -> None:
-    """The recording backend replays without Python, as a CUDA graph does: a replay would
-    keep updating the frozen BatchNorm's statistics with batch statistics."""
-    data = batches(18)
-    ref = make_run(graph_safe=True, fused=True)
-    expected = ref.train(data, before=_freeze_norm(ref, 14, until=16))
-
-    run = make_run(fused=True)
-    make_backend = {"pass-through": ddpgraph.PassThroughBackend, "recording": RecordingBackend}
-    step = run.capture(backend=make_backend[backend]())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = run.train(data, step, before=_freeze_norm(run, 14, until=16))
-
-    [message] = _graph_warnings(caught)
-    assert message.startswith("[MODEL_MODE_CHANGED] `CapturedStep` call:")
-    assert "`module.1` (BatchNorm1d) inside the model in train mode" in message
-    assert "switched to eval mode since" in message
-    s = step.stats
-    assert (s.input_changes, s.eager_steps, s.captures) == (2, 2, 1)
-    assert s.replays == 18 - 11 - 2  # replayed again once it is switched back
-    assert got.losses == expected.losses
-    assert same(run.params(), ref.params())
-    assert same(run.buffers(), ref.buffers())  # the frozen statistics stayed as they were
-
-
-def test_a_submodule_switched_before_capture_is_captured_as_it_is(make_run, batches, same) -> None:
-    data = batches(16)
-    ref = make_run(graph_safe=True, fused=True)
-    expected = ref.train(data, before=_freeze_norm(ref, 0))
-    run = make_run(fused=True)
-    step = run.capture(backend=RecordingBackend())
-    got = run.train(data, step, before=_freeze_norm(run, 0))
-    assert (step.stats.input_changes, step.stats.replays) == (0, 5)
-    assert got.losses == expected.losses and same(run.buffers(), ref.buffers())
-
-
 def _ramp_momentum(run, at: int, until: int | None = None):
     """The BatchNorm's momentum set to another value before call `at` (a setting a recipe
     ramps), and back to the captured one before call `until`."""
@@ -242,42 +219,58 @@ def _ramp_momentum(run, at: int, until: int | None = None):
     return before
 
 
+# (what changes the module after capture, the warning's first words, what it says then)
+CHANGED_MODULE = [
+    (
+        _freeze_norm,
+        "[MODEL_MODE_CHANGED] `CapturedStep` call:",
+        "`module.1` (BatchNorm1d) inside the model in train mode, and it was switched to eval "
+        "mode since",
+    ),
+    (
+        _ramp_momentum,
+        "[MODULE_SETTING_CHANGED] `CapturedStep` call:",
+        "`module.1.momentum` (BatchNorm1d) at 0.1, and it is 0.5 now",
+    ),
+]
+
+
 @pytest.mark.parametrize("backend", ["pass-through", "recording"])
-def test_a_module_setting_changed_after_capture_runs_eagerly(
-    make_run, batches, same, backend: str
+@pytest.mark.parametrize("change", CHANGED_MODULE, ids=["switched", "setting"])
+def test_a_module_switched_or_reset_after_capture_runs_eagerly(
+    make_run, batches, same, backend: str, change
 ) -> None:
-    """A replay without Python (the recording backend, as a CUDA graph) would go on
-    updating the statistics with the captured momentum."""
+    """The recording backend replays without Python, as a CUDA graph does: a replay would
+    keep updating the frozen BatchNorm's statistics with batch statistics, or with the
+    captured momentum."""
+    changing, starts, says = change
     data = batches(18)
     ref = make_run(graph_safe=True, fused=True)
-    expected = ref.train(data, before=_ramp_momentum(ref, 14, until=16))
+    expected = ref.train(data, before=changing(ref, 14, until=16))
 
     run = make_run(fused=True)
     make_backend = {"pass-through": ddpgraph.PassThroughBackend, "recording": RecordingBackend}
     step = run.capture(backend=make_backend[backend]())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = run.train(data, step, before=_ramp_momentum(run, 14, until=16))
+        got = run.train(data, step, before=changing(run, 14, until=16))
 
     [message] = _graph_warnings(caught)
-    assert message.startswith("[MODULE_SETTING_CHANGED] `CapturedStep` call:"), message
-    assert "`module.1.momentum` (BatchNorm1d) at 0.1, and it is 0.5 now" in message
+    assert message.startswith(starts) and says in message, message
     s = step.stats
     assert (s.input_changes, s.eager_steps, s.captures) == (2, 2, 1)
-    assert s.replays == 18 - 11 - 2  # replayed again once it is set back
+    assert s.replays == 18 - 11 - 2  # replayed again once it is switched back
     assert got.losses == expected.losses
     assert same(run.params(), ref.params())
     assert same(run.buffers(), ref.buffers())
 
 
-def test_a_module_setting_changed_with_raise(make_run, batches) -> None:
-    run = make_run()
-    step = run.capture(on_input_change="raise")
-    data = batches(13)
-    for x, y in data[:12]:
-        step(x, y)
-    run.model.module[1].eps = 1e-3
-    with pytest.raises(ddpgraph.DdpGraphError) as info:
-        step(*data[12])
-    assert info.value.code is Code.MODULE_SETTING_CHANGED
-    assert "`module.1.eps` (BatchNorm1d) at 1e-05, and it is 0.001 now" in str(info.value)
+def test_a_submodule_switched_before_capture_is_captured_as_it_is(make_run, batches, same) -> None:
+    data = batches(16)
+    ref = make_run(graph_safe=True, fused=True)
+    expected = ref.train(data, before=_freeze_norm(ref, 0))
+    run = make_run(fused=True)
+    step = run.capture(backend=RecordingBackend())
+    got = run.train(data, step, before=_freeze_norm(run, 0))
+    assert (step.stats.input_changes, step.stats.replays) == (0, 5)
+    assert got.losses == expected.losses and same(run.buffers(), ref.buffers())

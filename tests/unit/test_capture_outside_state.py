@@ -135,9 +135,8 @@ class _Counting(nn.Module):
         return self.inner(x)
 
 
-def test_a_counter_in_the_users_model_is_named_in_its_forward(batches) -> None:
-    torch.manual_seed(0)
-    model = _Counting(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+def _captured_sgd(model: nn.Module) -> ddpgraph.CapturedStep[torch.Tensor]:
+    """`model` trained by SGD on cross-entropy, captured with the recording backend."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -147,7 +146,13 @@ def test_a_counter_in_the_users_model_is_named_in_its_forward(batches) -> None:
         opt.step()
         return loss.detach()
 
-    captured = ddpgraph.capture_step(step, model=model, optimizer=opt, backend=RecordingBackend())
+    return ddpgraph.capture_step(step, model=model, optimizer=opt, backend=RecordingBackend())
+
+
+def test_a_counter_in_the_users_model_is_named_in_its_forward(batches) -> None:
+    torch.manual_seed(0)
+    model = _Counting(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+    captured = _captured_sgd(model)
     for x, y in batches(14):
         captured(x, y)
     reason = captured.reason
@@ -269,16 +274,7 @@ def test_a_counter_in_a_hook_on_the_model_is_refused_at_its_line(batches, case) 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     register(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    captured = ddpgraph.capture_step(step, model=model, optimizer=opt, backend=RecordingBackend())
+    captured = _captured_sgd(model)
     for x, y in batches(14):
         captured(x, y)
     assert captured.state is StepState.EAGER and captured.stats.replays == 0
