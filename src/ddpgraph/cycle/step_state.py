@@ -105,12 +105,12 @@ class ModuleModes:
         """Whether a module's mode or setting is not the one kept."""
         return self.switched() is not None or self.reset() is not None
 
-    def finding(self, subject: str, **extra: Any) -> Finding | None:
+    def finding(self, subject: str, settings: bool = True, **extra: Any) -> Finding | None:
         """MODEL_MODE_CHANGED for the first module switched since (`switched`), else
-        MODULE_SETTING_CHANGED for the first setting set since (`reset`), or None;
-        `extra` goes to the finding (its fix, its ranks)."""
+        (with `settings`) MODULE_SETTING_CHANGED for the first setting set since
+        (`reset`), or None; `extra` goes to the finding (its fix, its ranks)."""
         if (switched := self.switched()) is None:
-            return self._setting_finding(subject, **extra)
+            return self._setting_finding(subject, **extra) if settings else None
         name, module = switched
         now = "train" if module.training else "eval"
         then = "eval" if module.training else "train"

@@ -87,8 +87,12 @@ class _Layout:
         self._requires = [p.requires_grad for p in self._params]
 
     def change(self) -> Finding | None:
+        # Modes only: Dynamo guards on the modules' settings itself, and a check after
+        # capture (`verify_every`) that fails such a guard captures again with the new
+        # value, which beats running every later call eagerly.
         switched = self._modes.finding(
             "`make_step(strategy='compile')` call",
+            settings=False,
             fix="switch submodules back before training steps, or build a new step for "
             "the new configuration",
         )
