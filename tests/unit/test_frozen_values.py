@@ -5,6 +5,7 @@ and `capture_step`'s warm-up watch and `verify_every` check on a one-process DDP
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import pytest
@@ -253,6 +254,38 @@ def test_a_flag_flipped_after_capture_is_caught_and_captured_again(make_run, bat
     assert where is not None and where.source.endswith("# the branch")
     assert step.stats.captures == 2 and step.reason is None
     assert same(run.params(), ref.params())
+
+
+def test_a_setting_changed_after_capture_is_captured_again_at_the_next_check(
+    make_run, batches, same
+) -> None:
+    # The calls between the change and the check run eagerly (MODULE_SETTING_CHANGED);
+    # the check sees the new momentum passed to torch, and the step is captured with it.
+    data = batches(30)
+
+    def ramp(run: Any) -> Any:
+        def before(i: int) -> None:
+            if i == 13:
+                run.model.module[1].momentum = 0.5
+
+        return before
+
+    ref = make_run(graph_safe=True, fused=True)
+    expected = ref.train(data, before=ramp(ref))
+    run = make_run(fused=True)
+    step = run.capture(backend=RecordingBackend(), verify_every=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trace = run.train(data, call=step, before=ramp(run))
+    said = [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
+    assert any(m.startswith("[MODULE_SETTING_CHANGED]") for m in said), said
+    assert any("captured again" in m for m in said), said
+    # Captured on call 12; calls 14-16 eager; checked on call 17; captured again after.
+    assert trace.states[:13] == ["warmup"] * 11 + ["captured"] * 2
+    assert step.stats.captures == 2 and step.reason is None
+    assert trace.states[-1] == "captured" and step.stats.replays >= 30 - 11 - 8
+    assert trace.losses == expected.losses
+    assert same(run.params(), ref.params()) and same(run.buffers(), ref.buffers())
 
 
 def test_on_failure_raise_gives_up_instead(make_run, batches) -> None:

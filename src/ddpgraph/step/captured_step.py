@@ -342,6 +342,14 @@ class CapturedStep(StepSetup[R]):
         spec: Any,
     ) -> bool:
         changed = unservable(captured, args, kwargs, leaves, spec)
+        if (
+            changed is not None
+            and changed.code is Code.MODULE_SETTING_CHANGED
+            and self._check_instead(leaves, spec)
+        ):
+            # A check call (`verify_every`) still runs: it sees the new value flow into
+            # torch, and the ranks agree to capture again with it.
+            return True
         if changed is not None:
             self._unserved.seen(changed)
             if not self._family.expects_unserved():  # a family warms up new signatures
