@@ -27,6 +27,7 @@ RECORDED = [
     "flag_on_one_rank",
     "counter_after_capture",
     "history",
+    "running_average",
 ]
 CLEAN = [
     "clean_demo_gpt",
@@ -35,7 +36,14 @@ CLEAN = [
     "clean_cnn_sgd",
     "clean_accumulate_scaler",
 ]
-AT_4 = ["counter", "flag_on_one_rank", "counter_after_capture", "history", "clean_cnn_sgd"]
+AT_4 = [
+    "counter",
+    "flag_on_one_rank",
+    "counter_after_capture",
+    "history",
+    "running_average",
+    "clean_cnn_sgd",
+]
 Results = dict[str, list[dict[str, Any]]]
 # Run in one launch with the other modules' scenarios of the same world size (launcher.batched).
 LAUNCHES = (
@@ -98,6 +106,20 @@ def test_state_changed_outside_the_step_is_refused_at_its_line(results: Results)
         assert r["line"][1].endswith("# frozen: history")  # in the helper the step calls
         assert r["states"] == ["warmup"] * 10 + ["eager"] * 20 and r["stats"]["captures"] == 0
         assert r["count"] == r["eager_count"] == 30
+        assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
+    _warned_once(ranks)
+
+
+def test_a_tensor_rebound_from_itself_is_refused_at_its_line(results: Results) -> None:
+    """A running average kept as `avg = avg * 0.9 + loss`: replays would read the
+    captured tensor on every call."""
+    ranks = _ranks(results, "running_average")
+    for r in ranks:
+        assert r["code"] == "FROZEN_PYTHON_VALUE" and r["state"] == "eager", r["reason"]
+        assert r["ranks"] == list(range(len(ranks)))
+        assert "the step replaces `state['average']`, a tensor outside it" in r["reason"]
+        assert r["line"][1].endswith("# frozen: average")
+        assert r["states"] == ["warmup"] * 10 + ["eager"] * 20 and r["stats"]["captures"] == 0
         assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
     _warned_once(ranks)
 

@@ -6,7 +6,8 @@ a global the loop sets, a flag flipped after capture), each trained through
 (`harness.with_same_settings`), and steps that must stay captured: real models built
 from their libraries' configurations, dropout, clipping, bf16 autocast, accumulation,
 loss scaling, a pinned multi-worker DataLoader. (A step that changes Python state outside
-it, which it never passes to torch, is refused: `history`.)
+it, which it never passes to torch, is refused: `history`; so is a tensor it rebinds from
+itself: `running_average`.)
 """
 
 from __future__ import annotations
@@ -217,6 +218,20 @@ def history(info: DistInfo) -> dict[str, Any]:
     def loss_of(out: torch.Tensor, y: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         state["count"] += 1  # frozen: history
         return F.cross_entropy(out, y)
+
+    return _against_eager(info, loss_of)
+
+
+def running_average(info: DistInfo) -> dict[str, Any]:
+    """A tensor outside the step that it reads and rebinds on every call (a running
+    average of the loss): replays would read the captured tensor, and it would stop
+    moving."""
+
+    def loss_of(out: torch.Tensor, y: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        loss = F.cross_entropy(out, y)
+        average = state.setdefault("average", torch.zeros((), device=loss.device))
+        state["average"] = average * 0.9 + loss.detach() * 0.1  # frozen: average
+        return loss
 
     return _against_eager(info, loss_of)
 
@@ -452,6 +467,7 @@ SCENARIOS = {
         flag_on_one_rank,
         counter_after_capture,
         history,
+        running_average,
         clean_demo_gpt,
         clean_hf_gpt2,
         clean_hf_llama,

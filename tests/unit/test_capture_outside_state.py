@@ -282,3 +282,102 @@ def test_a_counter_in_a_hook_on_the_model_is_refused_at_its_line(batches, case) 
     assert reason is not None and reason.code is Code.FROZEN_PYTHON_VALUE, reason
     assert f"the step changes `{path}`" in reason.happened, reason.happened
     assert reason.location is not None and reason.location.source == source, reason.location
+
+
+class _Average:
+    """A running average of the loss, kept by rebinding (`avg = avg * 0.9 + ...`)."""
+
+    def __init__(self) -> None:
+        self.value = torch.zeros(())
+
+
+def _running_average(run: Any) -> Callable[..., torch.Tensor]:
+    average = _Average()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = run.step(x, y)
+        average.value = average.value * 0.9 + loss * 0.1
+        return loss
+
+    return step
+
+
+def _best_in_dict(run: Any) -> Callable[..., torch.Tensor]:
+    best = {"loss": torch.full((), float("inf"))}
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = run.step(x, y)
+        best["loss"] = torch.minimum(best["loss"], loss)
+        return loss
+
+    return step
+
+
+# (name, make the step, the path the finding names, the source of the line it names)
+REPLACED: list[tuple[str, Any, str, str]] = [
+    (
+        "attribute",
+        lambda run, data: _running_average(run),
+        "average.value",
+        "average.value = average.value * 0.9 + loss * 0.1",
+    ),
+    (
+        "dict",
+        lambda run, data: _best_in_dict(run),
+        "best['loss']",
+        'best["loss"] = torch.minimum(best["loss"], loss)',
+    ),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
+@pytest.mark.parametrize("case", REPLACED, ids=[c[0] for c in REPLACED])
+def test_a_tensor_the_step_replaces_with_one_computed_from_it_is_refused(
+    make_run, batches, same, backend, case
+) -> None:
+    """Replays would read the tensor bound when the graph was recorded, on every call
+    (the recording backend replays as a CUDA graph does: the average froze near its
+    captured value)."""
+    _, make_step, path, source = case
+    data = batches(16)
+    ref, run = make_run(graph_safe=True, fused=True), make_run(fused=True)
+    expected = ref.train(data, _graph_safe(ref, make_step(ref, data)))
+    captured = ddpgraph.capture_step(
+        make_step(run, data), model=run.model, optimizer=run.optimizer, backend=backend()
+    )
+    got = run.train(data, captured)
+    assert captured.state is StepState.EAGER and captured.stats.replays == 0
+    reason = captured.reason
+    assert reason is not None and reason.code is Code.FROZEN_PYTHON_VALUE, reason
+    assert f"the step replaces `{path}`, a tensor outside it" in reason.happened
+    assert reason.location is not None and reason.location.source == source, reason.location
+    assert got.losses == expected.losses and same(run.params(), ref.params())
+
+
+class _Smoothed(nn.Module):
+    """A model of the user's that keeps a running mean of its outputs in a buffer, rebound
+    on every forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        self.register_buffer("mean_out", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x)
+        self.mean_out = self.mean_out * 0.9 + out.detach().mean(0) * 0.1
+        return out
+
+
+def test_a_buffer_the_users_module_rebinds_from_itself_is_refused(batches) -> None:
+    torch.manual_seed(0)
+    captured = _captured_sgd(_Smoothed())
+    for x, y in batches(14):
+        captured(x, y)
+    reason = captured.reason
+    assert reason is not None and reason.code is Code.FROZEN_PYTHON_VALUE, reason
+    assert "a tensor outside it" in reason.happened and ".mean_out`" in reason.happened
+    assert reason.location is not None
+    assert (
+        reason.location.source == "self.mean_out = self.mean_out * 0.9 + out.detach().mean(0) * 0.1"
+    )

@@ -90,8 +90,9 @@ class OutsideState:
         except Exception:  # a callable that will not be read: what was found is watched
             pass
 
-    def snapshot(self) -> dict[str, Hashable]:
-        """path -> what is kept of the value there (`_leaf`, or a container's kind and size).
+    def snapshot(self, tensors: dict[str, torch.Tensor] | None = None) -> dict[str, Hashable]:
+        """path -> what is kept of the value there (`_leaf`, or a container's kind and size);
+        the tensors themselves go into `tensors`, by path, when given.
 
         Never raises: a watch that raised on one rank would leave the others waiting in
         the next agreement; what could not be read is left out."""
@@ -100,14 +101,17 @@ class OutsideState:
         seen: set[int] = set()  # an object reached twice is kept under its first path
         for root in self._roots:
             try:
-                _walk(root.read(), root.name, 0, out, budget, seen)
+                _walk(root.read(), root.name, 0, out, budget, seen, tensors)
             except Exception:  # an empty cell, a global not bound yet, an odd object
                 continue
         return out
 
-    def changes(self, before: dict[str, Hashable]) -> Changes:
-        """What differs now from `before`: path -> (before, now), None where absent."""
-        now = self.snapshot()
+    def changes(
+        self, before: dict[str, Hashable], tensors: dict[str, torch.Tensor] | None = None
+    ) -> Changes:
+        """What differs now from `before`: path -> (before, now), None where absent; the
+        tensors there now go into `tensors`, when given."""
+        now = self.snapshot(tensors)
         try:
             return {
                 path: (before.get(path), now.get(path))
@@ -317,7 +321,13 @@ def _iterator(value: Any) -> Hashable:
 
 
 def _walk(
-    value: Any, path: str, depth: int, out: dict[str, Hashable], budget: list[int], seen: set[int]
+    value: Any,
+    path: str,
+    depth: int,
+    out: dict[str, Hashable],
+    budget: list[int],
+    seen: set[int],
+    tensors: dict[str, torch.Tensor] | None,
 ) -> None:
     if budget[0] <= 0:
         return
@@ -328,6 +338,8 @@ def _walk(
         return
     if leaf is not None:
         out[path] = leaf
+        if tensors is not None and isinstance(value, torch.Tensor):
+            tensors[path] = value
         return
     if id(value) in seen or depth > _MAX_DEPTH:
         return
@@ -337,7 +349,7 @@ def _walk(
     except Exception:  # a container that will not be read: left out
         return
     for child, child_path in children:
-        _walk(child, child_path, depth + 1, out, budget, seen)
+        _walk(child, child_path, depth + 1, out, budget, seen, tensors)
 
 
 def _children(value: Any, path: str, out: dict[str, Hashable]) -> Iterator[tuple[Any, str]]:
@@ -365,3 +377,6 @@ def _children(value: Any, path: str, out: dict[str, Hashable]) -> Iterator[tuple
             # which a graph keeps per mode): only the public ones the user set are watched.
             if not module or not (name.startswith("_") or name == "training"):
                 yield child, f"{path}.{name}"
+        if module:  # the buffers the user's module keeps (a running statistic)
+            for name, buffer in list(value.named_buffers(recurse=False))[:_MAX_ITEMS]:
+                yield buffer, f"{path}.{name}"

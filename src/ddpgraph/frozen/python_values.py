@@ -168,18 +168,25 @@ class Trace:
         self.checked = False  # a check call after capture (`value_checks`), not a warm-up step
         # What the call changed of the Python state outside the step (`outside_state`).
         self.state_changes: dict[str, tuple[Any, Any]] = {}
+        # Tensors outside the step that it read and then bound another tensor in place
+        # of (`x = x * 0.9 + loss`): path -> the user's line of the read.
+        self.replaced: dict[str, CallLine | None] = {}
 
 
 class ValueWatch(TorchFunctionMode):
     """Records the calls of one step into `trace`; with a `reference`, notes the user's
     line at the first entry that differs from it (the stack is read only there).
     `targets`: ids of tensors whose first in-place write by a call (its first argument,
-    as a scheduler's `fill_` of a mirrored learning rate) is noted in `target_lines`."""
+    as a scheduler's `fill_` of a mirrored learning rate) is noted in `target_lines`.
+    `reads`: id -> path of tensors outside the step; the first call that takes one as an
+    argument is noted in `read_lines`, by path."""
 
     def __init__(self, reference: Trace | None = None, targets: Collection[int] = ()) -> None:
         super().__init__()
         self._targets = frozenset(targets)
         self.target_lines: dict[int, CallLine | None] = {}
+        self.reads: dict[int, str] = {}
+        self.read_lines: dict[str, CallLine | None] = {}
         self.trace = Trace()
         self._reference = reference.entries if reference is not None else None
         self._reference_lines = reference.lines if reference is not None else []
@@ -200,6 +207,10 @@ class ValueWatch(TorchFunctionMode):
         line = self._add((func, values))
         if self._targets and args and id(args[0]) in self._targets:
             self.target_lines.setdefault(id(args[0]), line)
+        if self.reads:
+            for arg in (*args, *kwargs.values()):
+                if isinstance(arg, torch.Tensor) and id(arg) in self.reads:
+                    self.read_lines.setdefault(self.reads[id(arg)], line)
         return func(*args, **kwargs)
 
     def _add(self, entry: Entry) -> CallLine | None:

@@ -27,6 +27,7 @@ import functools
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
+import torch
 from torch import nn
 
 from ..agreement.agree import Action
@@ -37,7 +38,13 @@ from ..inputs.arguments import Signature
 from .call_lines import line_location
 from .outside_state import OutsideState
 from .python_values import WATCHED_STEPS, Trace, ValueWatch, watching
-from .wording import changed_on_every_call, frozen_finding, guard_finding, state_finding
+from .wording import (
+    changed_on_every_call,
+    frozen_finding,
+    guard_finding,
+    replaced_finding,
+    state_finding,
+)
 
 __all__ = ["DEFAULT_VERIFY_EVERY", "ValueChecks", "check_interval", "doctor_interval"]
 
@@ -101,10 +108,18 @@ class ValueChecks:
             if armed is None:
                 return fn(*args, **kwargs)
             watch, done = armed
-            before = outside.snapshot()
+            held: dict[str, torch.Tensor] = {}
+            before = outside.snapshot(held)
+            watch.reads = {id(t): path for path, t in held.items()}
             with watching(watch, self._compiled_roots):
                 out = fn(*args, **kwargs)
-            watch.trace.state_changes = outside.changes(before)
+            now: dict[str, torch.Tensor] = {}
+            watch.trace.state_changes = outside.changes(before, now)
+            watch.trace.replaced = {
+                path: line
+                for path, line in watch.read_lines.items()
+                if path in now and now[path] is not held[path]
+            }
             done(watch)
             return out
 
@@ -178,8 +193,13 @@ class ValueChecks:
     def _state_findings(self, probe: Trace, reference: Trace) -> list[Finding]:
         """Python state outside the step that both the probe step and the call before it
         changed (`outside_state`)."""
+        if self._outside is None:
+            return []
+        replaced = [p for p in probe.replaced if p in reference.replaced]
+        if replaced:
+            return [replaced_finding(replaced[0], probe.replaced[replaced[0]], self._outside)]
         path = changed_on_every_call(probe.state_changes, reference.state_changes)
-        if path is None or self._outside is None:
+        if path is None:
             return []
         return [state_finding(path, reference.state_changes, probe.state_changes, self._outside)]
 

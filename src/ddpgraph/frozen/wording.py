@@ -180,3 +180,21 @@ def state_finding(path: str, older: Changes, probe: Changes, state: OutsideState
         subject="`capture_step`",
         location=where,
     )
+
+
+def replaced_finding(path: str, read: CallLine | None, state: OutsideState) -> Finding:
+    """FROZEN_PYTHON_VALUE for a tensor outside the step that the step reads and then
+    replaces with a new one (`avg = avg * 0.9 + loss`), on every watched call."""
+    return Finding(
+        Code.FROZEN_PYTHON_VALUE,
+        f"the step replaces `{path}`, a tensor outside it, with a new tensor computed from "
+        "it, on every call; a replay reads the tensor the graph was recorded with, not the "
+        "one the step bound since, so after capture every replay would compute from the "
+        "same old value while training goes on",
+        f"update `{path}` in place, which a replay repeats (`{path}.copy_(new_value)`, or "
+        "`.mul_(0.9).add_(x, alpha=0.1)` for a running average), or return the new value "
+        "and keep it in the loop",
+        subject="`capture_step`",
+        # The read is on the line that rebinds it, in the usual `avg = avg * 0.9 + x`.
+        location=line_location(read) or state.write_site(path),
+    )
