@@ -147,7 +147,7 @@ CATALOG: dict[Code, CodeInfo] = {
         "step, or a new step is built after.",
     ),
     Code.MODULE_SETTING_CHANGED: CodeInfo(
-        "A number set on a module inside the model differs from the captured one",
+        "A float setting of a module inside the model differs from the captured one",
         "A graph replays the values it was recorded with: a dropout probability, a drop-path "
         "rate, a norm's epsilon or a temperature on a module of yours stays the captured one.",
         "Set it before the first step, or build a new step after changing it (`capture_step` "

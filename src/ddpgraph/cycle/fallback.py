@@ -61,9 +61,10 @@ def capture_again(finding: Finding) -> None:
 
 class UnservedCalls:
     """The policy for calls a recording cannot serve: "eager" runs them eagerly and warns
-    the first time for each cause (code); "raise" raises the finding. The caller runs the eager call
-    (`inputs.replay.run_eager_call`). `first` keeps the first such call's finding, warned
-    about or not, so that a step whose calls run eagerly while its graph stays says why."""
+    the first time for each cause (code); "raise" raises the finding. The caller runs the
+    eager call (`inputs.replay.run_eager_call`). `first` keeps the first such call's
+    finding, warned about or not, so that a step whose calls run eagerly while its graph
+    stays says why."""
 
     def __init__(self, policy: OnFailure) -> None:
         self.policy = policy
