@@ -1,6 +1,6 @@
 """Whether a DataLoader's forked workers survive the garbage a training process leaves.
 
-    python3 scripts/probes/fork_garbage.py            (one GPU, about a minute)
+    python3 scripts/probes/fork_garbage.py            (one GPU, two to three minutes)
 
 A worker forked from a CUDA process inherits the parent's unreachable objects; when the
 worker's collector frees one that holds a CUDA tensor (a dropped DDP model's, in a
