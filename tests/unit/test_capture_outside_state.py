@@ -134,13 +134,13 @@ REPLACED: list[tuple[str, Any, str, str]] = [
     (
         "running_average",
         lambda run, data: _running_average(run),
-        "the step replaces `average.value`, a tensor outside it",
+        "the step replaces `average.value`, a tensor outside it that it reads",
         "average.value = average.value * 0.9 + loss * 0.1",
     ),
     (
         "best_in_dict",
         lambda run, data: _best_in_dict(run),
-        "best['loss']",
+        "the step replaces `best['loss']`, a tensor outside it that it reads",
         'best["loss"] = torch.minimum(best["loss"], loss)',
     ),
 ]
@@ -345,15 +345,36 @@ class _Smoothed(nn.Module):
         return out
 
 
-def test_a_buffer_the_users_module_rebinds_from_itself_is_refused(batches) -> None:
+class _Recurrent(nn.Module):
+    """A recurrent model of the user's that carries its state from call to call in an
+    attribute (truncated backpropagation through time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell, self.head = nn.Linear(16 + 8, 8), nn.Linear(8, 4)
+        self.state = torch.zeros(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.cell(torch.cat([x, self.state], 1)))
+        self.state = h.detach()
+        return self.head(h)
+
+
+# (the model, what the finding names, the source of the line it names)
+REBOUND_IN_FORWARD = [
+    (_Smoothed, ".mean_out`", "self.mean_out = self.mean_out * 0.9 + out.detach().mean(0) * 0.1"),
+    (_Recurrent, ".state`", "h = torch.tanh(self.cell(torch.cat([x, self.state], 1)))"),
+]
+
+
+@pytest.mark.parametrize("case", REBOUND_IN_FORWARD, ids=["buffer", "recurrent_state"])
+def test_a_tensor_the_users_module_rebinds_in_its_forward_is_refused(batches, case) -> None:
+    build, named, source = case
     torch.manual_seed(0)
-    captured = _captured_sgd(_Smoothed())
-    for x, y in batches(14):
+    captured = _captured_sgd(build())
+    for x, y in batches(14):  # 8 samples each, as the recurrent state
         captured(x, y)
     reason = captured.reason
     assert reason is not None and reason.code is Code.FROZEN_PYTHON_VALUE, reason
-    assert "a tensor outside it" in reason.happened and ".mean_out`" in reason.happened
-    assert reason.location is not None
-    assert (
-        reason.location.source == "self.mean_out = self.mean_out * 0.9 + out.detach().mean(0) * 0.1"
-    )
+    assert "a tensor outside it that it reads" in reason.happened and named in reason.happened
+    assert reason.location is not None and reason.location.source == source, reason.location

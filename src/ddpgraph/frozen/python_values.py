@@ -208,10 +208,15 @@ class ValueWatch(TorchFunctionMode):
         if self._targets and args and id(args[0]) in self._targets:
             self.target_lines.setdefault(id(args[0]), line)
         if self.reads:
-            for arg in (*args, *kwargs.values()):
-                if isinstance(arg, torch.Tensor) and id(arg) in self.reads:
-                    self.read_lines.setdefault(self.reads[id(arg)], line)
+            self._note_reads((*args, *kwargs.values()), line)
         return func(*args, **kwargs)
+
+    def _note_reads(self, args: tuple[Any, ...], line: CallLine | None) -> None:
+        for arg in args:
+            # A tensor, or one in a list or tuple (`torch.cat([x, self.state])`).
+            for item in arg if isinstance(arg, (list, tuple)) else (arg,):
+                if isinstance(item, torch.Tensor) and id(item) in self.reads:
+                    self.read_lines.setdefault(self.reads[id(item)], line)
 
     def _add(self, entry: Entry) -> CallLine | None:
         """Append `entry` with the user's line of the call (from the caller of the method

@@ -184,13 +184,14 @@ def state_finding(path: str, older: Changes, probe: Changes, state: OutsideState
 
 def replaced_finding(path: str, read: CallLine | None, state: OutsideState) -> Finding:
     """FROZEN_PYTHON_VALUE for a tensor outside the step that the step reads and then
-    replaces with a new one (`avg = avg * 0.9 + loss`), on every watched call."""
+    replaces with another (`avg = avg * 0.9 + loss`, `self.h = h.detach()`), on every
+    watched call."""
     return Finding(
         Code.FROZEN_PYTHON_VALUE,
-        f"the step replaces `{path}`, a tensor outside it, with a new tensor computed from "
-        "it, on every call; a replay reads the tensor the graph was recorded with, not the "
-        "one the step bound since, so after capture every replay would compute from the "
-        "same old value while training goes on",
+        f"the step replaces `{path}`, a tensor outside it that it reads, with another "
+        "tensor on every call (a running average, a recurrent state); a replay reads the "
+        "tensor the graph was recorded with, not the one the step bound since, so after "
+        "capture every replay would start from the same old value while training goes on",
         f"update `{path}` in place, which a replay repeats (`{path}.copy_(new_value)`, or "
         "`.mul_(0.9).add_(x, alpha=0.1)` for a running average), or return the new value "
         "and keep it in the loop",
