@@ -24,6 +24,7 @@ RECORDED = [
     *REFUSED,
     "flag_after_capture",
     "flag_after_capture_unchecked",
+    "global_flag_after_capture",
     "flag_on_one_rank",
     "counter_after_capture",
     "history",
@@ -150,6 +151,18 @@ def test_flag_flipped_after_capture_unchecked_stays_frozen(results: Results) -> 
     for r in _ranks(results, "flag_after_capture_unchecked"):
         assert r["state"] == "captured" and r["findings"] == []
         assert r["param_rel_diff"] > 1e-2
+
+
+def test_a_global_the_step_reads_set_after_capture_runs_eagerly(results: Results) -> None:
+    """Without checks: the step reads the flag, which differs from the recorded value, so
+    each call from the flip on runs eagerly on every rank, and training follows it."""
+    for r in _ranks(results, "global_flag_after_capture"):
+        assert r["state"] == "captured" and r["findings"] == [], r["reason"]
+        assert r["stats"]["eager_steps"] == 30 - 20 + 1 and r["stats"]["captures"] == 1
+        [warning] = r["warnings"]
+        assert "the step reads `AUX_ON`, which was False when the graph was recorded" in warning
+        assert "# frozen: global flag" in warning
+        assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
 
 
 def test_flag_on_one_rank_recaptures_every_rank(results: Results) -> None:

@@ -191,6 +191,29 @@ def flag_after_capture_unchecked(info: DistInfo) -> dict[str, Any]:
     return _against_eager(info, _flagged_loss, _flip(lambda rank: True))
 
 
+AUX_ON = False  # a module-level flag the loop sets (`global_flag_after_capture`)
+
+
+def _globally_flagged_loss(
+    out: torch.Tensor, y: torch.Tensor, state: dict[str, Any]
+) -> torch.Tensor:
+    loss = F.cross_entropy(out, y)
+    if AUX_ON:  # frozen: global flag
+        loss = loss + 0.5 * out.pow(2).mean()
+    return loss
+
+
+def _set_global_flag(i: int, state: dict[str, Any]) -> None:
+    global AUX_ON
+    AUX_ON = i >= FLIP_AT
+
+
+def global_flag_after_capture(info: DistInfo) -> dict[str, Any]:
+    """A module-level flag the loop sets on the 20th call, without `verify_every`: the
+    step reads it, so every call from then on runs eagerly and follows it."""
+    return _against_eager(info, _globally_flagged_loss, _set_global_flag)
+
+
 def flag_on_one_rank(info: DistInfo) -> dict[str, Any]:
     """The flag flips on the last rank only: every rank captures again, on one call."""
     last = info.world_size - 1
@@ -464,6 +487,7 @@ SCENARIOS = {
         weight_from_global,
         flag_after_capture,
         flag_after_capture_unchecked,
+        global_flag_after_capture,
         flag_on_one_rank,
         counter_after_capture,
         history,

@@ -288,6 +288,59 @@ def test_a_setting_changed_after_capture_is_captured_again_at_the_next_check(
     assert same(run.params(), ref.params()) and same(run.buffers(), ref.buffers())
 
 
+@pytest.mark.parametrize("verify_every", [None, 5])
+@pytest.mark.parametrize("backend", [RecordingBackend, ddpgraph.PassThroughBackend])
+def test_a_closure_value_the_loop_changes_after_capture_is_followed(
+    make_run, batches, same, backend, verify_every
+) -> None:
+    """`epoch` of the function around the step, read by it (a ramp by epoch): stable
+    through warm-up, changed by the loop after capture. Each call after a change runs
+    eagerly (FROZEN_PYTHON_VALUE, at the line that reads it); with checks the step is
+    captured again with the new value and replays resume."""
+    data = batches(36)
+
+    def train(run: Any, call: Any = None) -> Any:
+        epoch = 0
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            run.optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(run.model(x), y) * min(1.0, (epoch + 1) / 3)  # ramp
+            loss.backward()
+            run.optimizer.step()
+            return loss.detach()
+
+        captured = call(step) if call else (lambda x, y: _with(run, step, x, y))
+        losses = []
+        for epoch in range(3):  # the step reads it
+            losses += [float(captured(x, y)) for x, y in data[12 * epoch : 12 * (epoch + 1)]]
+        return losses, captured
+
+    ref = make_run(graph_safe=True, fused=True)
+    expected, _ = train(ref)
+    run = make_run(fused=True)
+
+    def capture(fn: Any) -> Any:
+        return ddpgraph.capture_step(
+            fn,
+            model=run.model,
+            optimizer=run.optimizer,
+            backend=backend(),
+            verify_every=verify_every,
+        )
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses, step = train(run, capture)
+    said = [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
+    assert any("the step reads `epoch`, which was 0 when the graph was recorded" in m for m in said)
+    assert any("# ramp`" in m for m in said), said
+    assert losses == expected and same(run.params(), ref.params())
+    if verify_every is None:  # eager from the second epoch on
+        assert step.stats.captures == 1 and step.stats.eager_steps == 24
+    else:  # captured again after each change, at the next check
+        assert step.stats.captures == 3 and step.stats.replays >= 10
+
+
 def test_on_failure_raise_gives_up_instead(make_run, batches) -> None:
     run = make_run(fused=True)
     state = {"scale": 1.0}

@@ -121,6 +121,19 @@ class OutsideState:
         except Exception:  # a value whose comparison raised: nothing is claimed
             return {}
 
+    def plain_values(self) -> list[tuple[str, Callable[[], Any], Any, Any]]:
+        """The roots that hold a plain value now (a number, a string, a flag, None): its
+        name, how to read it again, the value, and the user's function that names it."""
+        found = []
+        for root in self._roots:
+            try:
+                value = root.read()
+            except Exception:  # an empty cell, a global not bound yet
+                continue
+            if value is None or type(value) in (bool, int, float, str):
+                found.append((root.alias or root.name, root.read, value, root.owner))
+        return found
+
     def write_site(self, path: str) -> Location | None:
         """The line of the user's code that writes `path`: searched in the source of the
         functions whose code names its root (one object can be reached from several),

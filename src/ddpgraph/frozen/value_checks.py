@@ -37,6 +37,7 @@ from ..findings import Finding, Location
 from ..inputs.arguments import Signature
 from .call_lines import line_location
 from .outside_state import OutsideState
+from .plain_roots import PlainRoots
 from .python_values import WATCHED_STEPS, Trace, ValueWatch, watching
 from .wording import (
     changed_on_every_call,
@@ -96,6 +97,7 @@ class ValueChecks:
         self._captured_at: int | None = None
         self._held: Report | None = None
         self._outside: OutsideState | None = None
+        self._plain: PlainRoots | None = None
 
     def wrap(self, fn: Callable[..., R]) -> Callable[..., R]:
         """`fn`, watched on the calls `arm` and `arm_check` chose."""
@@ -207,6 +209,12 @@ class ValueChecks:
     def captured(self, calls: int) -> None:
         self._captured_at = calls
         self._held = None
+        self._plain = PlainRoots(self._outside) if self._outside is not None else None
+
+    def plain_changed(self) -> Finding | None:
+        """A plain value the step reads from outside it that changed since the capture
+        (`plain_roots`), or None."""
+        return self._plain.changed("`CapturedStep` call") if self._plain is not None else None
 
     def due(self, calls: int) -> bool:
         """Whether call number `calls` is a check call (the same on every rank)."""

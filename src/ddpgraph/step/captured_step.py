@@ -341,10 +341,10 @@ class CapturedStep(StepSetup[R]):
         leaves: list[Any],
         spec: Any,
     ) -> bool:
-        changed = unservable(captured, args, kwargs, leaves, spec)
+        changed = unservable(captured, args, kwargs, leaves, spec) or self._values.plain_changed()
         if (
             changed is not None
-            and changed.code is Code.MODULE_SETTING_CHANGED
+            and changed.code in (Code.MODULE_SETTING_CHANGED, Code.FROZEN_PYTHON_VALUE)
             and self._check_instead(leaves, spec)
         ):
             # A check call (`verify_every`) still runs: it sees the new value flow into
