@@ -20,6 +20,18 @@ from typing import Any
 from ..findings import Code, Finding, Location
 from .outside_state import OutsideState
 
+# Loads of a name (not of an attribute of that name: `opt.epoch`).
+_NAME_LOADS = frozenset(
+    {
+        "LOAD_GLOBAL",
+        "LOAD_DEREF",
+        "LOAD_NAME",
+        "LOAD_CLASSDEREF",
+        "LOAD_FROM_DICT_OR_DEREF",
+        "LOAD_FROM_DICT_OR_GLOBALS",
+    }
+)
+
 
 class PlainRoots:
     """The plain roots of one step at capture, with their values then."""
@@ -60,7 +72,7 @@ def _read_site(fn: Callable[..., Any] | None, name: str) -> Location | None:
     while pending:
         current = pending.pop(0)
         for instruction in dis.get_instructions(current):
-            if instruction.argval == name and instruction.opname.startswith("LOAD_"):
+            if instruction.argval == name and instruction.opname in _NAME_LOADS:
                 positions = getattr(instruction, "positions", None)
                 line = getattr(positions, "lineno", None) or instruction.starts_line
                 if isinstance(line, int):
