@@ -13,11 +13,11 @@ checked; one that finds a value changed runs eagerly (`captured_step`), and a ch
 from __future__ import annotations
 
 import dis
-import linecache
 from collections.abc import Callable
 from typing import Any
 
 from ..findings import Code, Finding, Location
+from .call_lines import line_location
 from .outside_state import OutsideState
 
 # Loads of a name (not of an attribute of that name: `opt.epoch`).
@@ -76,7 +76,6 @@ def _read_site(fn: Callable[..., Any] | None, name: str) -> Location | None:
                 positions = getattr(instruction, "positions", None)
                 line = getattr(positions, "lineno", None) or instruction.starts_line
                 if isinstance(line, int):
-                    source = linecache.getline(current.co_filename, line).strip()
-                    return Location(current.co_filename, line, source)
+                    return line_location((current.co_filename, current.co_firstlineno, line))
         pending += [c for c in current.co_consts if hasattr(c, "co_code")]
     return None
