@@ -32,6 +32,7 @@ ALL_NAMES = [
     "counter_after_capture",
     *CLEAN,
     "compile_guard_after_capture",
+    "compile_setting_after_capture",
     "compile_counter",
 ]
 TWO_RANKS = {"flag_on_one_rank"}
@@ -101,10 +102,23 @@ def test_compile_a_guard_failing_at_a_check_captures_again(results: Results) -> 
         assert r["captures"] == 2, r["states"]
         assert len(r["warnings"]) == (1 if r["rank"] == 0 else 0)
         if r["rank"] == 0:
-            # Dynamo's guard on the attribute (`self.gain == 1.0`), at the line it guards.
-            assert "gain" in r["warnings"][0] and "# frozen: guarded" in r["warnings"][0], r[
+            # Dynamo's guard on the attribute (`self.gated`), at the line it guards.
+            assert "gated" in r["warnings"][0] and "# frozen: guarded" in r["warnings"][0], r[
                 "warnings"
             ]
+
+
+def test_compile_a_setting_changed_after_capture_is_captured_again_at_a_check(
+    results: Results,
+) -> None:
+    for r in ok(results["compile_setting_after_capture"]):
+        assert r["state"] == "captured" and r["code"] is None, r["reason"]
+        # Eager from call 30 (where Dynamo recompiles for it), captured again at the check.
+        assert r["captures"] == 2 and "warmup" in r["states"][30:], r["states"]
+        assert r["warnings"] == []
+        assert len(r["setting_warnings"]) == (1 if r["rank"] == 0 else 0)
+        if r["rank"] == 0:
+            assert "`module.gain`" in r["setting_warnings"][0], r["setting_warnings"]
 
 
 def test_compile_a_counter_in_the_step_is_refused(results: Results) -> None:

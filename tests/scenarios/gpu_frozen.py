@@ -28,13 +28,23 @@ class Gained(nn.Module):
         torch.manual_seed(0)
         self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 4)
         self.gain = 1.0
+        self.gated = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.tanh(self.a(x)) * self.gain)  # frozen: guarded
+        h = torch.tanh(self.a(x)) * self.gain  # frozen: gain
+        if self.gated:  # frozen: guarded
+            h = h.relu()
+        return self.b(h)
 
 
 def _compiled(
-    info: DistInfo, *, counter: bool, change_at: int | None, calls: int = 40, **capture: Any
+    info: DistInfo,
+    *,
+    counter: bool,
+    change_at: int | None,
+    change: tuple[str, Any] = ("gated", True),
+    calls: int = 40,
+    **capture: Any,
 ) -> dict[str, Any]:
     ddp = ddpgraph.prepare_ddp(Gained().to(info.device))
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
@@ -58,7 +68,7 @@ def _compiled(
         warnings.simplefilter("always")
         for i, (x, y) in enumerate(_on(info, _batches(info, calls)), start=1):
             if i == change_at:
-                ddp.module.gain = 0.5
+                setattr(ddp.module, *change)
             step(x, y)
             states.append(step.state.value)
     reason = step.reason
@@ -69,15 +79,24 @@ def _compiled(
         "states": states,
         "captures": step.stats.captures,
         "warnings": [str(w.message) for w in caught if "FROZEN_PYTHON_VALUE" in str(w.message)],
+        "setting_warnings": [
+            str(w.message) for w in caught if "MODULE_SETTING_CHANGED" in str(w.message)
+        ],
     }
     step.close()
     return out
 
 
 def compile_guard_after_capture(info: DistInfo) -> dict[str, Any]:
-    """`gain` changes on call 30, after capture: the next check runs the compiled forward,
-    whose guard on it fails; the step is captured again."""
+    """`gated` (a flag, not a watched setting) changes on call 30, after capture: the next
+    check runs the compiled forward, whose guard on it fails; the step is captured again."""
     return _compiled(info, counter=False, change_at=30, verify_every=4)
+
+
+def compile_setting_after_capture(info: DistInfo) -> dict[str, Any]:
+    """`gain`, a float setting, changes on call 30: the calls until the next check run
+    eagerly (Dynamo recompiles for it there), and the check captures again with it."""
+    return _compiled(info, counter=False, change_at=30, change=("gain", 0.5), verify_every=4)
 
 
 def compile_counter(info: DistInfo) -> dict[str, Any]:
@@ -88,6 +107,7 @@ def compile_counter(info: DistInfo) -> dict[str, Any]:
 REGISTRY = {
     **SCENARIOS,
     "compile_guard_after_capture": compile_guard_after_capture,
+    "compile_setting_after_capture": compile_setting_after_capture,
     "compile_counter": compile_counter,
 }
 

@@ -288,6 +288,39 @@ def test_a_setting_changed_after_capture_is_captured_again_at_the_next_check(
     assert same(run.params(), ref.params()) and same(run.buffers(), ref.buffers())
 
 
+def test_a_setting_the_step_does_not_read_is_captured_again_at_the_next_check(
+    make_run, batches, same
+) -> None:
+    # A float on a module that the forward never reads: the check sees nothing change
+    # in what reaches torch, and captures again all the same, so that the calls after it
+    # replay instead of running eagerly for as long as the value differs.
+    data = batches(30)
+
+    def note(run: Any) -> Any:
+        def before(i: int) -> None:
+            run.model.module[0].note = 0.5 if i >= 13 else 1.0
+
+        return before
+
+    ref = make_run(graph_safe=True, fused=True)
+    expected = ref.train(data, before=note(ref))
+    run = make_run(fused=True)
+    run.model.module[0].note = 1.0
+    step = run.capture(backend=RecordingBackend(), verify_every=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trace = run.train(data, call=step, before=note(run))
+    said = [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
+    assert [m.split("]")[0] for m in said] == ["[MODULE_SETTING_CHANGED"], said
+    # Captured on call 12; calls 14-16 eager; checked on call 17; warmed up and captured
+    # again on 18-19, replayed after.
+    assert trace.states[:13] == ["warmup"] * 11 + ["captured"] * 2
+    assert step.stats.captures == 2 and step.reason is None
+    # Eager: the three calls before the check, and the checks themselves.
+    assert step.stats.eager_steps == 3 + step.stats.value_checks and trace.states[-1] == "captured"
+    assert trace.losses == expected.losses and same(run.params(), ref.params())
+
+
 @pytest.mark.parametrize("verify_every", [None, 5])
 @pytest.mark.parametrize("backend", [RecordingBackend, ddpgraph.PassThroughBackend])
 def test_a_closure_value_the_loop_changes_after_capture_is_followed(

@@ -23,6 +23,7 @@ step the host work of an eager step is most of its time anyway.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
@@ -230,9 +231,12 @@ class ValueChecks:
         """The call after a check call: a decision point on every rank."""
         return self.due(calls - 1)
 
-    def arm_check(self, leaves: list[Any], spec: Any, calls: int) -> bool:
+    def arm_check(
+        self, leaves: list[Any], spec: Any, calls: int, changed: Finding | None = None
+    ) -> bool:
         """Watch this call, in place of a replay, when its signature was watched before;
-        a difference is held for `take_report`."""
+        a difference is held for `take_report`, or else `changed` (a setting or plain
+        value the caller saw differ from the capture's)."""
         history = self._history(leaves, spec, [], add=False)
         if not history:
             return False
@@ -243,7 +247,7 @@ class ValueChecks:
                 "the replays before this call used the value of the recorded call; "
                 "the step is captured again"
             )
-            found = _findings(watch, [], when, later)
+            found = _findings(watch, [], when, later) or _still_changed(changed, calls)
             if found:
                 self._held = Report(found[0], self._action)
                 # The checked call is the new warm-up's reference: a value that keeps
@@ -283,6 +287,22 @@ class ValueChecks:
         self._seen.append((Signature(leaves, spec, names), state, traces))
         del self._seen[:-_REMEMBERED]
         return traces
+
+
+def _still_changed(changed: Finding | None, calls: int) -> list[Finding]:
+    """A setting or plain value seen changed before this check call, which the check
+    itself did not see flow into torch (a compiled forward's earlier eager calls may
+    have recompiled for it already): captured again all the same, with the new value."""
+    if changed is None:
+        return []
+    return [
+        dataclasses.replace(
+            changed,
+            happened=f"{changed.happened}; the step is captured again with it at call {calls}",
+            fix="set such values before the first step, or build a new step after changing "
+            "them: the calls between the change and this check ran eagerly",
+        )
+    ]
 
 
 def _findings(watch: ValueWatch, older: list[Trace], when: str, later: str) -> list[Finding]:

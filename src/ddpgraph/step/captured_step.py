@@ -345,10 +345,11 @@ class CapturedStep(StepSetup[R]):
         if (
             changed is not None
             and changed.code in (Code.MODULE_SETTING_CHANGED, Code.FROZEN_PYTHON_VALUE)
-            and self._check_instead(leaves, spec)
+            and self._check_instead(leaves, spec, changed)
         ):
-            # A check call (`verify_every`) still runs: it sees the new value flow into
-            # torch, and the ranks agree to capture again with it.
+            # A check call (`verify_every`) still runs: the ranks agree to capture again
+            # with the new value (seen flowing into torch, or else the change itself: the
+            # eager calls since may have made torch.compile recompile for it already).
             return True
         if changed is not None:
             self._unserved.seen(changed)

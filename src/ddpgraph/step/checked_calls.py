@@ -113,10 +113,12 @@ class CheckedCalls(FamilySteps[R]):
         ):
             self._values.arm(leaves, spec, leaf_paths(args, kwargs))
 
-    def _check_instead(self, leaves: list[Any], spec: Any) -> bool:
-        """Whether this call is a check call: a watched eager step in place of the replay."""
+    def _check_instead(self, leaves: list[Any], spec: Any, changed: Finding | None = None) -> bool:
+        """Whether this call is a check call: a watched eager step in place of the replay.
+        `changed`: a setting or plain value that differs from the capture's, captured
+        again with the new value when the check itself finds nothing."""
         if self._values.due(self.stats.calls) and self._values.arm_check(
-            leaves, spec, self.stats.calls
+            leaves, spec, self.stats.calls, changed
         ):
             self.stats.value_checks += 1
             return True
