@@ -25,6 +25,7 @@ RECORDED = [
     "flag_after_capture",
     "flag_after_capture_unchecked",
     "global_flag_after_capture",
+    "config_after_capture",
     "flag_on_one_rank",
     "counter_after_capture",
     "history",
@@ -162,6 +163,20 @@ def test_a_global_the_step_reads_set_after_capture_runs_eagerly(results: Results
         [warning] = r["warnings"]
         assert "the step reads `AUX_ON`, which was False when the graph was recorded" in warning
         assert "# frozen: global flag" in warning
+        assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
+
+
+def test_a_config_attribute_the_step_reads_set_after_capture_runs_eagerly(
+    results: Results,
+) -> None:
+    """`CFG.aux_weight`, an attribute of the script's config object, set on every rank on
+    the 20th call: each call from then on runs eagerly on every rank, named at its line."""
+    for r in _ranks(results, "config_after_capture"):
+        assert r["state"] == "captured" and r["findings"] == [], r["reason"]
+        assert r["stats"]["eager_steps"] == 30 - 20 + 1 and r["stats"]["captures"] == 1
+        [warning] = r["warnings"]
+        assert "the step reads `CFG.aux_weight`, which was 0.0 when the graph" in warning
+        assert "# frozen: config" in warning
         assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
 
 

@@ -12,6 +12,7 @@ itself: `running_average`.)
 
 from __future__ import annotations
 
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -212,6 +213,25 @@ def global_flag_after_capture(info: DistInfo) -> dict[str, Any]:
     """A module-level flag the loop sets on the 20th call, without `verify_every`: the
     step reads it, so every call from then on runs eagerly and follows it."""
     return _against_eager(info, _globally_flagged_loss, _set_global_flag)
+
+
+# A config object of the script's, read by the step and changed by the loop
+# (`config_after_capture`).
+CFG = types.SimpleNamespace(aux_weight=0.0)
+
+
+def _configured_loss(out: torch.Tensor, y: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+    return F.cross_entropy(out, y) + CFG.aux_weight * out.pow(2).mean()  # frozen: config
+
+
+def _set_config(i: int, state: dict[str, Any]) -> None:
+    CFG.aux_weight = 0.5 if i >= FLIP_AT else 0.0
+
+
+def config_after_capture(info: DistInfo) -> dict[str, Any]:
+    """An attribute of a config object (`CFG.aux_weight`) the loop sets on the 20th call,
+    without `verify_every`: every call from then on runs eagerly and follows it."""
+    return _against_eager(info, _configured_loss, _set_config)
 
 
 def flag_on_one_rank(info: DistInfo) -> dict[str, Any]:
@@ -488,6 +508,7 @@ SCENARIOS = {
         flag_after_capture,
         flag_after_capture_unchecked,
         global_flag_after_capture,
+        config_after_capture,
         flag_on_one_rank,
         counter_after_capture,
         history,

@@ -7,7 +7,9 @@ Run by tests/gpu/test_frozen_gpu.py under torchrun with one process per GPU.
 
 from __future__ import annotations
 
+import types
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import harness
@@ -28,11 +30,13 @@ class Gained(nn.Module):
         torch.manual_seed(0)
         self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 4)
         self.gain = 1.0
-        self.gated = False
+        # Three reads deep: past what the plain-value check before each replay follows,
+        # so that Dynamo's guard at a check is what sees it change.
+        self.opts = types.SimpleNamespace(flags=types.SimpleNamespace(gated=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.a(x)) * self.gain  # frozen: gain
-        if self.gated:  # frozen: guarded
+        if self.opts.flags.gated:  # frozen: guarded
             h = h.relu()
         return self.b(h)
 
@@ -42,7 +46,7 @@ def _compiled(
     *,
     counter: bool,
     change_at: int | None,
-    change: tuple[str, Any] = ("gated", True),
+    change: Callable[[nn.Module], None] = lambda m: setattr(m.opts.flags, "gated", True),
     calls: int = 40,
     **capture: Any,
 ) -> dict[str, Any]:
@@ -68,7 +72,7 @@ def _compiled(
         warnings.simplefilter("always")
         for i, (x, y) in enumerate(_on(info, _batches(info, calls)), start=1):
             if i == change_at:
-                setattr(ddp.module, *change)
+                change(ddp.module)
             step(x, y)
             states.append(step.state.value)
     reason = step.reason
@@ -88,7 +92,7 @@ def _compiled(
 
 
 def compile_guard_after_capture(info: DistInfo) -> dict[str, Any]:
-    """`gated` (a flag, not a watched setting) changes on call 30, after capture: the next
+    """`gated` (a flag read three attributes deep) changes on call 30, after capture: the next
     check runs the compiled forward, whose guard on it fails; the step is captured again."""
     return _compiled(info, counter=False, change_at=30, verify_every=4)
 
@@ -96,7 +100,9 @@ def compile_guard_after_capture(info: DistInfo) -> dict[str, Any]:
 def compile_setting_after_capture(info: DistInfo) -> dict[str, Any]:
     """`gain`, a float setting, changes on call 30: the calls until the next check run
     eagerly (Dynamo recompiles for it there), and the check captures again with it."""
-    return _compiled(info, counter=False, change_at=30, change=("gain", 0.5), verify_every=4)
+    return _compiled(
+        info, counter=False, change_at=30, change=lambda m: setattr(m, "gain", 0.5), verify_every=4
+    )
 
 
 def compile_counter(info: DistInfo) -> dict[str, Any]:

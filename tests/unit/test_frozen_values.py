@@ -4,7 +4,9 @@ and `capture_step`'s warm-up watch and `verify_every` check on a one-process DDP
 
 from __future__ import annotations
 
+import argparse
 import math
+import types
 import warnings
 from typing import Any
 
@@ -374,6 +376,80 @@ def test_a_closure_value_the_loop_changes_after_capture_is_followed(
         assert step.stats.captures == 3 and step.stats.replays >= 10
 
 
+class _Config:
+    """A config object of the user's: `scale` a class attribute until the loop sets it."""
+
+    scale = 1.0
+
+
+@pytest.mark.parametrize("holder", ["namespace", "class_attribute", "dict_item", "nested"])
+def test_a_value_read_through_a_config_object_is_followed(
+    make_run, batches, same, holder: str
+) -> None:
+    """`cfg.scale`, `weights["aux"]`, `cfg.loss["weights"]` read by the step from the
+    function around it and changed by the loop after capture: the calls after the
+    change run eagerly (FROZEN_PYTHON_VALUE naming the path and its line), and training
+    stays equal to eager. Before, replays went on with the recorded value."""
+    data = batches(30)
+
+    def train(run: Any, call: Any = None) -> Any:
+        cfg = {
+            "namespace": argparse.Namespace(scale=1.0),
+            "class_attribute": _Config(),
+            "dict_item": {"scale": 1.0},
+            "nested": types.SimpleNamespace(loss={"weights": [1.0, 1.0]}),
+        }[holder]
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            run.optimizer.zero_grad(set_to_none=True)
+            if holder == "dict_item":
+                scale = cfg["scale"]  # read here
+            elif holder == "nested":
+                scale = cfg.loss["weights"]  # read here
+                scale = scale[1]
+            else:
+                scale = cfg.scale  # read here
+            loss = F.cross_entropy(run.model(x), y) * scale
+            loss.backward()
+            run.optimizer.step()
+            return loss.detach()
+
+        captured = call(step) if call else (lambda x, y: _with(run, step, x, y))
+        losses = []
+        for i, (x, y) in enumerate(data):
+            if i == 16:
+                if holder == "dict_item":
+                    cfg["scale"] = 0.5
+                elif holder == "nested":
+                    cfg.loss["weights"][1] = 0.5
+                else:
+                    cfg.scale = 0.5
+            losses.append(float(captured(x, y)))
+        return losses, captured
+
+    ref = make_run(graph_safe=True, fused=True)
+    expected, _ = train(ref)
+    run = make_run(fused=True)
+
+    def capture(fn: Any) -> Any:
+        return ddpgraph.capture_step(
+            fn, model=run.model, optimizer=run.optimizer, backend=RecordingBackend()
+        )
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses, step = train(run, capture)
+    said = [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
+    path = {
+        "dict_item": "cfg['scale']",
+        "nested": "cfg.loss['weights']",
+    }.get(holder, "cfg.scale")
+    assert len(said) == 1 and f"the step reads `{path}`, which was " in said[0], said
+    assert "# read here`" in said[0], said
+    assert step.stats.captures == 1 and step.stats.eager_steps == 14
+    assert losses == expected and same(run.params(), ref.params())
+
+
 def test_on_failure_raise_gives_up_instead(make_run, batches) -> None:
     run = make_run(fused=True)
     state = {"scale": 1.0}
@@ -397,7 +473,7 @@ def test_on_failure_raise_gives_up_instead(make_run, batches) -> None:
     for x, y in data[:14]:
         captured(x, y)
     state["scale"] = 0.5
-    captured(*data[14])  # call 15: replayed with the old scale
+    captured(*data[14])  # call 15: eager (the changed value is seen before the replay)
     captured(*data[15])  # call 16: the check
     with pytest.raises(ddpgraph.DdpGraphError, match="FROZEN_PYTHON_VALUE"):
         captured(*data[16])

@@ -83,7 +83,7 @@ class OutsideState:
                 self._roots += [
                     _Root(f"model.{name}" if name else "model", _constant(m), forward, "self")
                     for name, m in model.named_modules()
-                    if _user_class(type(m)) and (forward := getattr(type(m), "forward", None))
+                    if user_class(type(m)) and (forward := getattr(type(m), "forward", None))
                 ]
                 for hook in _registered_hooks(model):
                     self._visit(hook, 1)
@@ -121,18 +121,10 @@ class OutsideState:
         except Exception:  # a value whose comparison raised: nothing is claimed
             return {}
 
-    def plain_values(self) -> list[tuple[str, Callable[[], Any], Any, Any]]:
-        """The roots that hold a plain value now (a number, a string, a flag, None): its
-        name, how to read it again, the value, and the user's function that names it."""
-        found = []
-        for root in self._roots:
-            try:
-                value = root.read()
-            except Exception:  # an empty cell, a global not bound yet
-                continue
-            if value is None or type(value) in (bool, int, float, str):
-                found.append((root.alias or root.name, root.read, value, root.owner))
-        return found
+    def roots(self) -> list[tuple[str, str, Callable[[], Any], Any]]:
+        """Each root: its name, the name the owner's code gives it (empty when the same),
+        how to read it again, and the user's function whose code names it."""
+        return [(root.name, root.alias, root.read, root.owner) for root in self._roots]
 
     def write_site(self, path: str) -> Location | None:
         """The line of the user's code that writes `path`: searched in the source of the
@@ -266,7 +258,7 @@ def _constant(value: Any) -> Callable[[], Any]:
 
 def _stateful(value: Any) -> bool:
     """A callable that holds state of its own: an iterator, or an object of the user's."""
-    return hasattr(type(value), "__next__") or _user_class(type(value))
+    return hasattr(type(value), "__next__") or user_class(type(value))
 
 
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME"})
@@ -288,7 +280,7 @@ def _user_function(fn: Any) -> bool:
     return code is not None and is_user_file(code.co_filename)
 
 
-def _user_class(cls: type) -> bool:
+def user_class(cls: type) -> bool:
     return _user_module(cls.__module__)
 
 
@@ -380,7 +372,7 @@ def _children(value: Any, path: str, out: dict[str, Hashable]) -> Iterator[tuple
     elif isinstance(value, (set, frozenset)):
         out[path] = ("set", len(value), hash(frozenset(map(_leaf, value))))
     elif isinstance(value, types.SimpleNamespace) or (
-        _user_class(type(value)) and not isinstance(value, _FOLLOWED_ELSEWHERE)
+        user_class(type(value)) and not isinstance(value, _FOLLOWED_ELSEWHERE)
     ):
         out[path] = ("object", type(value).__qualname__)
         attrs = getattr(value, "__dict__", {})
