@@ -121,10 +121,14 @@ class OutsideState:
         except Exception:  # a value whose comparison raised: nothing is claimed
             return {}
 
-    def roots(self) -> list[tuple[str, str, Callable[[], Any], Any]]:
+    def roots(self) -> list[tuple[str, str, Callable[[], Any], Any, bool]]:
         """Each root: its name, the name the owner's code gives it (empty when the same),
-        how to read it again, and the user's function whose code names it."""
-        return [(root.name, root.alias, root.read, root.owner) for root in self._roots]
+        how to read it again, the user's function whose code names it, and whether it
+        is fixed (the same object on every read: `self`, a partial's argument)."""
+        return [
+            (root.name, root.alias, root.read, root.owner, isinstance(root.read, _Fixed))
+            for root in self._roots
+        ]
 
     def write_site(self, path: str) -> Location | None:
         """The line of the user's code that writes `path`: searched in the source of the
@@ -252,8 +256,18 @@ def _global(fn: types.FunctionType, name: str) -> Any:
     return fn.__globals__[name]
 
 
+class _Fixed:
+    """The read of a root that cannot be rebound (`self`, a partial's argument)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value
+
+
 def _constant(value: Any) -> Callable[[], Any]:
-    return lambda: value
+    return _Fixed(value)
 
 
 def _stateful(value: Any) -> bool:

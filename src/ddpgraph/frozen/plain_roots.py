@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dis
+import functools
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -60,12 +61,13 @@ class PlainRoots:
     def __init__(self, state: OutsideState) -> None:
         self._kept: list[tuple[str, Callable[[], Any], Any, Location | None]] = []
         seen: set[str] = set()
-        for name, alias, read, owner in state.roots():
+        for name, alias, read, owner, fixed in state.roots():
             for path, where in _reads(owner, alias or name):
                 shown = name + "".join(f".{k}" if how == "attr" else f"[{k!r}]" for how, k in path)
                 if shown in seen or len(self._kept) >= _MAX_KEPT:
                     continue
-                reader = _reader(read, path)
+                reader = _fast_reader(read(), path) if fixed else None
+                reader = reader or _reader(read, path)
                 try:
                     value = _kept_value(reader())
                 except _NotPlain:
@@ -80,10 +82,13 @@ class PlainRoots:
         raises: a rank whose check raised would leave the others waiting."""
         for name, read, was, where in self._kept:
             try:
-                now = _kept_value(read())
+                now = read()
+                if now is was:  # an unchanged attribute holds the very object: most reads
+                    continue
+                now = _kept_value(now)
             except Exception:  # deleted since, or no longer plain: not ours to judge
                 continue
-            if now is was or (type(now) is type(was) and now == was):
+            if type(now) is type(was) and now == was:
                 continue
             return Finding(
                 Code.FROZEN_PYTHON_VALUE,
@@ -131,6 +136,25 @@ def _reader(read: Callable[[], Any], path: Path) -> Callable[[], Any]:
         return value
 
     return again
+
+
+def _fast_reader(root: Any, path: Path) -> Callable[[], Any] | None:
+    """For one read on a fixed root (`self.n_head` of a module, a partial's dict): the
+    look-up in the dict that holds it, as `_enter` would make it, else None. A module's
+    forward reads several such attributes, and each replay reads them all again."""
+    if len(path) != 1:
+        return None
+    kind, key = path[0]
+    try:
+        _enter(root, kind, key, last=True)
+    except Exception:  # not followed at all: the general reader skips it the same way
+        return None
+    holder = root if kind == "item" else getattr(root, "__dict__", None)
+    if type(holder) is dict and key in holder:
+        return functools.partial(holder.__getitem__, key)
+    if type(holder) is list:
+        return functools.partial(holder.__getitem__, key)
+    return None  # a class attribute, a tuple's item: read the general way
 
 
 def _enter(obj: Any, kind: str, key: Any, *, last: bool) -> Any:
