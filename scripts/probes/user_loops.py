@@ -115,6 +115,8 @@ CASES: dict[str, tuple[Callable[[], Built], str, dict[str, Any]]] = {
     "resnet_freeze_bn": (resnet, "sgd_multistep", {"freeze_bn_at": 25}),
     # timm's stochastic depth, its rate raised partway through (a ramp by epoch).
     "vit_drop_path_ramp": (lambda: vit(0.05), "adamw_cosine", {"drop_path_at": 25}),
+    # a loss weight kept in the script's argparse options, lowered partway through.
+    "resnet_args_weight": (resnet, "sgd_multistep", {"weight_at": 25}),
 }
 
 
@@ -139,6 +141,7 @@ def run(name: str, mode: str, steps: int, info: Any) -> dict[str, Any]:
     ddp = ddpgraph.prepare_ddp(model.to(info.device), device_ids=[info.device.index])
     opt, sched = _optimizer(kind, ddp, steps)
     seen = {"calls": 0}
+    args = argparse.Namespace(loss_weight=1.0)
     scaler = torch.amp.GradScaler("cuda") if shape.get("scaler") else None
     ema = None
     if shape.get("ema"):
@@ -170,6 +173,8 @@ def run(name: str, mode: str, steps: int, info: Any) -> dict[str, Any]:
                     # A user's warm-up of the loss scale by a Python counter: frozen if captured.
                     seen["calls"] += 1
                     loss = loss * min(1.0, seen["calls"] / 20)
+                if "weight_at" in shape:
+                    loss = loss * args.loss_weight
                 loss.backward()
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
         opt.step()
@@ -196,6 +201,8 @@ def run(name: str, mode: str, steps: int, info: Any) -> dict[str, Any]:
                 for module in ddp.modules():
                     if type(module).__name__ == "DropPath":
                         module.drop_prob = 2 * module.drop_prob
+            if done == shape.get("weight_at"):
+                args.loss_weight = 0.5
             if done == shape.get("freeze_bn_at"):
                 for module in ddp.modules():
                     if isinstance(module, nn.BatchNorm2d):

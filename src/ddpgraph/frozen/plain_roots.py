@@ -77,6 +77,11 @@ class PlainRoots:
                 seen.add(shown)
                 self._kept.append((shown, reader, value, where))
 
+    @property
+    def names(self) -> list[str]:
+        """The paths kept (`cfg.scale`, `model.blocks.0.attn.n_head`)."""
+        return [name for name, *_ in self._kept]
+
     def changed(self, subject: str) -> Finding | None:
         """FROZEN_PYTHON_VALUE for the first value that differs now, or None. Never
         raises: a rank whose check raised would leave the others waiting."""
