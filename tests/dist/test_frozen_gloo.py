@@ -154,29 +154,26 @@ def test_flag_flipped_after_capture_unchecked_stays_frozen(results: Results) -> 
         assert r["param_rel_diff"] > 1e-2
 
 
-def test_a_global_the_step_reads_set_after_capture_runs_eagerly(results: Results) -> None:
-    """Without checks: the step reads the flag, which differs from the recorded value, so
-    each call from the flip on runs eagerly on every rank, and training follows it."""
-    for r in _ranks(results, "global_flag_after_capture"):
-        assert r["state"] == "captured" and r["findings"] == [], r["reason"]
-        assert r["stats"]["eager_steps"] == 30 - 20 + 1 and r["stats"]["captures"] == 1
-        [warning] = r["warnings"]
-        assert "the step reads `AUX_ON`, which was False when the graph was recorded" in warning
-        assert "# frozen: global flag" in warning
-        assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
-
-
-def test_a_config_attribute_the_step_reads_set_after_capture_runs_eagerly(
-    results: Results,
+@pytest.mark.parametrize(
+    "name, path, was, mark",
+    [
+        ("global_flag_after_capture", "AUX_ON", "False", "global flag"),
+        ("config_after_capture", "CFG.aux_weight", "0.0", "config"),
+    ],
+)
+def test_a_value_the_step_reads_set_after_capture_runs_eagerly(
+    results: Results, name: str, path: str, was: str, mark: str
 ) -> None:
-    """`CFG.aux_weight`, an attribute of the script's config object, set on every rank on
-    the 20th call: each call from then on runs eagerly on every rank, named at its line."""
-    for r in _ranks(results, "config_after_capture"):
+    """Without checks: the step reads a module-level flag, or an attribute of the
+    script's config object, that the loop sets on every rank on the 20th call; it
+    differs from the recorded value, so each call from then on runs eagerly on every
+    rank, and training follows it."""
+    for r in _ranks(results, name):
         assert r["state"] == "captured" and r["findings"] == [], r["reason"]
         assert r["stats"]["eager_steps"] == 30 - 20 + 1 and r["stats"]["captures"] == 1
         [warning] = r["warnings"]
-        assert "the step reads `CFG.aux_weight`, which was 0.0 when the graph" in warning
-        assert "# frozen: config" in warning
+        assert f"the step reads `{path}`, which was {was} when the graph was recorded" in warning
+        assert f"# frozen: {mark}" in warning
         assert r["loss_rel_diff"] == 0.0 and r["param_rel_diff"] == 0.0
 
 

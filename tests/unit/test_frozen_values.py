@@ -258,69 +258,67 @@ def test_a_flag_flipped_after_capture_is_caught_and_captured_again(make_run, bat
     assert same(run.params(), ref.params())
 
 
+@pytest.mark.parametrize("index, attr, reads", [(1, "momentum", True), (0, "note", False)])
 def test_a_setting_changed_after_capture_is_captured_again_at_the_next_check(
-    make_run, batches, same
+    make_run, batches, same, index: int, attr: str, reads: bool
 ) -> None:
-    # The calls between the change and the check run eagerly (MODULE_SETTING_CHANGED);
-    # the check sees the new momentum passed to torch, and the step is captured with it.
+    """The calls between the change and the check run eagerly (MODULE_SETTING_CHANGED).
+    A BatchNorm's momentum: the check sees the new value reach torch, and the step is
+    captured with it. A float on a module that the forward never reads: the check sees
+    nothing change there and captures again all the same, so that the calls after it
+    replay instead of running eagerly for as long as the value differs."""
     data = batches(30)
 
     def ramp(run: Any) -> Any:
+        module = run.model.module[index]
+        was = getattr(module, attr, 1.0)
+
         def before(i: int) -> None:
-            if i == 13:
-                run.model.module[1].momentum = 0.5
+            setattr(module, attr, 0.5 if i >= 13 else was)
 
         return before
 
     ref = make_run(graph_safe=True, fused=True)
     expected = ref.train(data, before=ramp(ref))
     run = make_run(fused=True)
+    before = ramp(run)
+    before(0)  # the note is there when the graph is recorded
     step = run.capture(backend=RecordingBackend(), verify_every=5)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trace = run.train(data, call=step, before=ramp(run))
+        trace = run.train(data, call=step, before=before)
     said = [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
-    assert any(m.startswith("[MODULE_SETTING_CHANGED]") for m in said), said
-    assert any("captured again" in m for m in said), said
-    # Captured on call 12; calls 14-16 eager; checked on call 17; captured again after.
-    assert trace.states[:13] == ["warmup"] * 11 + ["captured"] * 2
-    assert step.stats.captures == 2 and step.reason is None
-    assert trace.states[-1] == "captured" and step.stats.replays >= 30 - 11 - 8
-    assert trace.losses == expected.losses
-    assert same(run.params(), ref.params()) and same(run.buffers(), ref.buffers())
-
-
-def test_a_setting_the_step_does_not_read_is_captured_again_at_the_next_check(
-    make_run, batches, same
-) -> None:
-    # A float on a module that the forward never reads: the check sees nothing change
-    # in what reaches torch, and captures again all the same, so that the calls after it
-    # replay instead of running eagerly for as long as the value differs.
-    data = batches(30)
-
-    def note(run: Any) -> Any:
-        def before(i: int) -> None:
-            run.model.module[0].note = 0.5 if i >= 13 else 1.0
-
-        return before
-
-    ref = make_run(graph_safe=True, fused=True)
-    expected = ref.train(data, before=note(ref))
-    run = make_run(fused=True)
-    run.model.module[0].note = 1.0
-    step = run.capture(backend=RecordingBackend(), verify_every=5)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trace = run.train(data, call=step, before=note(run))
-    said = [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
-    assert [m.split("]")[0] for m in said] == ["[MODULE_SETTING_CHANGED"], said
+    assert said[0].startswith("[MODULE_SETTING_CHANGED]"), said
+    # The value seen reaching torch is a frozen value, warned as it is captured again.
+    assert len(said) == 1 + reads and ("captured again" in said[-1]) == reads, said
     # Captured on call 12; calls 14-16 eager; checked on call 17; warmed up and captured
     # again on 18-19, replayed after.
     assert trace.states[:13] == ["warmup"] * 11 + ["captured"] * 2
     assert step.stats.captures == 2 and step.reason is None
     # Eager: the three calls before the check, and the checks themselves.
     assert step.stats.eager_steps == 3 + step.stats.value_checks and trace.states[-1] == "captured"
-    assert trace.losses == expected.losses and same(run.params(), ref.params())
+    assert trace.losses == expected.losses
+    assert same(run.params(), ref.params()) and same(run.buffers(), ref.buffers())
+
+
+def _against_eager(
+    make_run: Any, same: Any, train: Any, **options: Any
+) -> tuple[list[float], tuple[list[float], Any], list[str], bool]:
+    """`train(run)` of a graph-safe eager run, and `train(run, capture)` of a captured
+    one: the eager losses, what the captured `train` gave (losses, step), ddpgraph's
+    warnings, and whether the parameters came out the same."""
+    ref = make_run(graph_safe=True, fused=True)
+    expected, _ = train(ref)
+    run = make_run(fused=True)
+
+    def capture(fn: Any) -> Any:
+        return ddpgraph.capture_step(fn, model=run.model, optimizer=run.optimizer, **options)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = train(run, capture)
+    said = [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
+    return expected, got, said, same(run.params(), ref.params())
 
 
 @pytest.mark.parametrize("verify_every", [None, 5])
@@ -350,26 +348,12 @@ def test_a_closure_value_the_loop_changes_after_capture_is_followed(
             losses += [float(captured(x, y)) for x, y in data[12 * epoch : 12 * (epoch + 1)]]
         return losses, captured
 
-    ref = make_run(graph_safe=True, fused=True)
-    expected, _ = train(ref)
-    run = make_run(fused=True)
-
-    def capture(fn: Any) -> Any:
-        return ddpgraph.capture_step(
-            fn,
-            model=run.model,
-            optimizer=run.optimizer,
-            backend=backend(),
-            verify_every=verify_every,
-        )
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        losses, step = train(run, capture)
-    said = [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
+    expected, (losses, step), said, same_params = _against_eager(
+        make_run, same, train, backend=backend(), verify_every=verify_every
+    )
     assert any("the step reads `epoch`, which was 0 when the graph was recorded" in m for m in said)
     assert any("# ramp`" in m for m in said), said
-    assert losses == expected and same(run.params(), ref.params())
+    assert losses == expected and same_params
     if verify_every is None:  # eager from the second epoch on
         assert step.stats.captures == 1 and step.stats.eager_steps == 24
     else:  # captured again after each change, at the next check
@@ -427,19 +411,9 @@ def test_a_value_read_through_a_config_object_is_followed(
             losses.append(float(captured(x, y)))
         return losses, captured
 
-    ref = make_run(graph_safe=True, fused=True)
-    expected, _ = train(ref)
-    run = make_run(fused=True)
-
-    def capture(fn: Any) -> Any:
-        return ddpgraph.capture_step(
-            fn, model=run.model, optimizer=run.optimizer, backend=RecordingBackend()
-        )
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        losses, step = train(run, capture)
-    said = [str(w.message) for w in caught if issubclass(w.category, ddpgraph.DdpGraphWarning)]
+    expected, (losses, step), said, same_params = _against_eager(
+        make_run, same, train, backend=RecordingBackend()
+    )
     path = {
         "dict_item": "cfg['scale']",
         "nested": "cfg.loss['weights']",
@@ -447,7 +421,7 @@ def test_a_value_read_through_a_config_object_is_followed(
     assert len(said) == 1 and f"the step reads `{path}`, which was " in said[0], said
     assert "# read here`" in said[0], said
     assert step.stats.captures == 1 and step.stats.eager_steps == 14
-    assert losses == expected and same(run.params(), ref.params())
+    assert losses == expected and same_params
 
 
 def test_on_failure_raise_gives_up_instead(make_run, batches) -> None:
