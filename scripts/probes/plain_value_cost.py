@@ -79,7 +79,7 @@ def step(x, y):
 
 
 st = OutsideState(step, m)
-pr = PlainRoots(st)
+pr = PlainRoots(st, list(m.modules()))
 print("kept", len(pr.names), pr.names[:6])
 n = 2000
 t = time.perf_counter()

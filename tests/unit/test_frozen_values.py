@@ -424,6 +424,81 @@ def test_a_value_read_through_a_config_object_is_followed(
     assert losses == expected and same_params
 
 
+class _WeightedLoss:
+    """A loss object of the user's, called by the step: its class weights a tensor."""
+
+    def __init__(self, classes: int) -> None:
+        self.w = torch.ones(classes)
+
+    def __call__(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out, y, weight=self.w)  # read here
+
+
+class _SmoothedLoss(nn.Module):
+    """A criterion module of the user's, outside the model: a float setting of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.smoothing = 0.0
+
+    def forward(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out, y, label_smoothing=self.smoothing)  # read here
+
+
+@pytest.mark.parametrize("how", ["closure_tensor", "loss_object_tensor", "criterion_setting"])
+def test_what_the_users_loss_reads_replaced_after_capture_is_followed(
+    make_run, batches, same, how: str
+) -> None:
+    """Class weights rebound to a new tensor (in the function around the step, or on a
+    loss object it calls) and a label smoothing set on a criterion module outside the
+    model, after capture: a replay would read the old tensor or value. The calls after
+    the change run eagerly (FROZEN_PYTHON_VALUE naming it at its line), training stays
+    equal to eager."""
+    data = batches(30)
+
+    def train(run: Any, call: Any = None) -> Any:
+        classes = run.model.module[-1].out_features
+        weights, loss_obj, crit = torch.ones(classes), _WeightedLoss(classes), _SmoothedLoss()
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            run.optimizer.zero_grad(set_to_none=True)
+            out = run.model(x)
+            if how == "closure_tensor":
+                loss = F.cross_entropy(out, y, weight=weights)  # read here
+            else:
+                loss = (loss_obj if how == "loss_object_tensor" else crit)(out, y)
+            loss.backward()
+            run.optimizer.step()
+            return loss.detach()
+
+        captured = call(step) if call else (lambda x, y: _with(run, step, x, y))
+        losses = []
+        for i, (x, y) in enumerate(data):
+            if i == 16:
+                new = torch.linspace(1.0, 2.0, classes)
+                if how == "closure_tensor":
+                    weights = new
+                elif how == "loss_object_tensor":
+                    loss_obj.w = new
+                else:
+                    crit.smoothing = 0.1
+            losses.append(float(captured(x, y)))
+        return losses, captured
+
+    expected, (losses, step), said, same_params = _against_eager(
+        make_run, same, train, backend=RecordingBackend()
+    )
+    path = {
+        "closure_tensor": "weights",
+        "loss_object_tensor": "loss_obj.w",
+        "criterion_setting": "crit.smoothing",
+    }[how]
+    assert len(said) == 1 and f"the step reads `{path}`" in said[0], said
+    assert "# read here`" in said[0], said
+    assert step.stats.captures == 1 and step.stats.eager_steps == 14
+    assert losses == expected and same_params
+
+
 def test_on_failure_raise_gives_up_instead(make_run, batches) -> None:
     run = make_run(fused=True)
     state = {"scale": 1.0}

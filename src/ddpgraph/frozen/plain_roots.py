@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 import dis
 import functools
+import inspect
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..findings import Code, Finding, Location
@@ -58,23 +60,28 @@ Path = tuple[tuple[str, Any], ...]  # ("attr", "scale"), ("item", "w")
 class PlainRoots:
     """The plain values one step reads from outside it at capture, with their values then."""
 
-    def __init__(self, state: OutsideState) -> None:
+    def __init__(self, state: OutsideState, modules: Collection[nn.Module] = ()) -> None:
+        """`modules`: those whose float settings `ModuleModes` compares (the model's)."""
         self._kept: list[tuple[str, Callable[[], Any], Any, Location | None]] = []
-        seen: set[str] = set()
+        covered = frozenset(id(m) for m in modules)
+        seen: set[Any] = set()
         for name, alias, read, owner, fixed in state.roots():
-            for path, where in _reads(owner, alias or name):
+            for path, where in _root_reads(owner, alias or name, read):
                 shown = name + "".join(f".{k}" if how == "attr" else f"[{k!r}]" for how, k in path)
-                if shown in seen or len(self._kept) >= _MAX_KEPT:
-                    continue
-                reader = _fast_reader(read(), path) if fixed else None
-                reader = reader or _reader(read, path)
+                if len(self._kept) >= _MAX_KEPT:
+                    break
+                reader = _fast_reader(read(), path, covered) if fixed else None
+                reader = reader or _reader(read, path, covered)
                 try:
                     value = _kept_value(reader())
-                except _NotPlain:
+                    # One place read under two names (`m.config` and `model.config`) once.
+                    holder = _reader(read, path[:-1], covered)() if path else None
+                except Exception:  # an empty cell, a key not there, not plain: not kept
                     continue
-                except Exception:  # an empty cell, a key not there: nothing to keep
+                place = (id(holder), path[-1]) if path else shown
+                if place in seen:
                     continue
-                seen.add(shown)
+                seen.add(place)
                 self._kept.append((shown, reader, value, where))
 
     @property
@@ -90,6 +97,8 @@ class PlainRoots:
                 now = read()
                 if now is was:  # an unchanged attribute holds the very object: most reads
                     continue
+                if isinstance(was, torch.Tensor):  # kept by identity: it was replaced
+                    return _replaced(name, now, subject, where)
                 now = _kept_value(now)
             except Exception:  # deleted since, or no longer plain: not ours to judge
                 continue
@@ -114,9 +123,29 @@ class _NotPlain(Exception):
     pass
 
 
+def _replaced(name: str, now: Any, subject: str, where: Location | None) -> Finding:
+    what = (
+        f"another tensor ({tuple(now.shape)}, {now.dtype})"
+        if isinstance(now, torch.Tensor)
+        else f"{type(now).__name__}"
+    )
+    return Finding(
+        Code.FROZEN_PYTHON_VALUE,
+        f"the step reads `{name}`, a tensor, and it was replaced by {what} after the graph "
+        "was recorded; a replay reads the tensor it was recorded with, so it would go on "
+        "with the old values",
+        f"write the new values into the tensor the graph reads (`{name}.copy_(new)`) "
+        "instead of binding another, or build a new step after replacing it; until then, "
+        "such calls run eagerly",
+        subject=subject,
+        location=where,
+    )
+
+
 def _kept_value(value: Any) -> Any:
-    """The value as kept: a plain value itself, a short list or tuple of them as a tuple."""
-    if value is None or type(value) in _PLAIN:
+    """The value as kept: a plain value itself, a short list or tuple of them as a tuple,
+    a tensor itself (compared by identity: its values are the graph's to read)."""
+    if value is None or type(value) in _PLAIN or isinstance(value, torch.Tensor):
         return value
     if type(value) in (list, tuple) and len(value) <= _SHORT:
         items = tuple(value)
@@ -133,17 +162,17 @@ def _shown(value: Any) -> str:
 
 
 # ------------------------------------------------------------------ reading again
-def _reader(read: Callable[[], Any], path: Path) -> Callable[[], Any]:
+def _reader(read: Callable[[], Any], path: Path, covered: frozenset[int]) -> Callable[[], Any]:
     def again() -> Any:
         value = read()
         for i, (kind, key) in enumerate(path):
-            value = _enter(value, kind, key, last=i == len(path) - 1)
+            value = _enter(value, kind, key, covered, last=i == len(path) - 1)
         return value
 
     return again
 
 
-def _fast_reader(root: Any, path: Path) -> Callable[[], Any] | None:
+def _fast_reader(root: Any, path: Path, covered: frozenset[int]) -> Callable[[], Any] | None:
     """For one read on a fixed root (`self.n_head` of a module, a partial's dict): the
     look-up in the dict that holds it, as `_enter` would make it, else None. A module's
     forward reads several such attributes, and each replay reads them all again."""
@@ -151,7 +180,7 @@ def _fast_reader(root: Any, path: Path) -> Callable[[], Any] | None:
         return None
     kind, key = path[0]
     try:
-        _enter(root, kind, key, last=True)
+        _enter(root, kind, key, covered, last=True)
     except Exception:  # not followed at all: the general reader skips it the same way
         return None
     holder = root if kind == "item" else getattr(root, "__dict__", None)
@@ -162,7 +191,7 @@ def _fast_reader(root: Any, path: Path) -> Callable[[], Any] | None:
     return None  # a class attribute, a tuple's item: read the general way
 
 
-def _enter(obj: Any, kind: str, key: Any, *, last: bool) -> Any:
+def _enter(obj: Any, kind: str, key: Any, covered: frozenset[int], *, last: bool) -> Any:
     """One attribute or item read, through data only: an instance's own `__dict__` (no
     property runs), a dict's or a sequence's item; anything else is not followed."""
     if kind == "item":
@@ -182,13 +211,36 @@ def _enter(obj: Any, kind: str, key: Any, *, last: bool) -> Any:
             break
     else:
         raise _NotPlain
-    # A module's mode and float settings are ModuleModes' to compare (their own codes).
-    if isinstance(obj, nn.Module) and last and (key == "training" or type(value) is float):
+    # A module's mode, and the model's float settings, are ModuleModes' to compare.
+    if (
+        isinstance(obj, nn.Module)
+        and last
+        and (key == "training" or (type(value) is float and id(obj) in covered))
+    ):
         raise _NotPlain
     return value
 
 
 # ------------------------------------------------------------------ the reads in code
+def _root_reads(
+    owner: Callable[..., Any] | None, name: str, read: Callable[[], Any]
+) -> Iterator[tuple[Path, Location | None]]:
+    """The reads of a root in its owner's code, and, for a callable object of the user's
+    (a loss object, a criterion module outside the model), the reads its own `forward`
+    or `__call__` makes on `self`: the step calls it, so they are the step's reads."""
+    yield from _reads(owner, name)
+    try:
+        value = read()
+    except Exception:  # an empty cell: nothing to follow
+        return
+    if isinstance(value, type) or not user_class(type(value)):
+        return
+    method = "forward" if isinstance(value, nn.Module) else "__call__"
+    code = inspect.getattr_static(type(value), method, None)
+    if inspect.isfunction(code) and is_user_file(code.__code__.co_filename):
+        yield from ((path, where) for path, where in _reads(code, "self") if path)
+
+
 def _reads(fn: Callable[..., Any] | None, name: str) -> Iterator[tuple[Path, Location | None]]:
     """The reads of `name` in `fn`'s code (or code nested in it): the name itself (a
     closure's or a global's), then each chain of attribute and item reads on it, with

@@ -210,7 +210,11 @@ class ValueChecks:
     def captured(self, calls: int) -> None:
         self._captured_at = calls
         self._held = None
-        self._plain = PlainRoots(self._outside) if self._outside is not None else None
+        self._plain = (
+            PlainRoots(self._outside, list(self._model.modules()))
+            if self._outside is not None
+            else None
+        )
 
     def plain_changed(self) -> Finding | None:
         """A plain value the step reads from outside it that changed since the capture
