@@ -19,6 +19,7 @@ captures again with the new value. A module's float settings and its mode are
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dis
 import functools
 import inspect
@@ -63,7 +64,12 @@ class PlainRoots:
     def __init__(self, state: OutsideState, modules: Collection[nn.Module] = ()) -> None:
         """`modules`: those whose float settings `ModuleModes` compares (the model's)."""
         self._kept: list[tuple[str, Callable[[], Any], Any, Location | None]] = []
-        covered = frozenset(id(m) for m in modules)
+        # Odd code or objects: what was found is kept. A rank that raised here, at
+        # capture, would leave the others waiting.
+        with contextlib.suppress(Exception):
+            self._collect(state, frozenset(id(m) for m in modules))
+
+    def _collect(self, state: OutsideState, covered: frozenset[int]) -> None:
         seen: set[Any] = set()
         for name, alias, read, owner, fixed in state.roots():
             for path, where in _root_reads(owner, alias or name, read):
