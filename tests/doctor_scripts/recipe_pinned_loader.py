@@ -42,8 +42,9 @@ def main(**graph_options: Any) -> None:
             with torch.cuda.graph(g, stream=s, **graph_options):  # doctor: OTHER_THREAD_IN_CAPTURE
                 static_loss = train_step(ddp, opt, static_x, static_y)
                 # A real model takes tens of milliseconds to record, this small one two:
-                # as long as a large one, so that the next batch's pinning falls inside.
-                time.sleep(0.2)
+                # longer than a large one, so that the next batch's pinning falls inside
+                # even when a loaded machine's worker is slow to hand it over.
+                time.sleep(1.0)
         else:
             g.replay()
     assert static_loss is not None
