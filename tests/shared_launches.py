@@ -2,20 +2,22 @@
 the background while other tests run.
 
 A torchrun launch costs every process a PyTorch import, so the modules that ask for the
-same number of processes share one: `batched`, called when a
-module is imported, adds the module's scenarios to it. A module's other long runs (a
-doctor run of a script, say) are declared the same way with `prefetched`. Once the
-session has selected its tests, tests/conftest.py puts the modules that read any of them
-after every other test and calls `start`: one background thread runs the selected ones
-one after another, in the order their tests will ask, while the tests that need none
-run. The waiting the suite does (a hang test sitting out its time limit, the watchdog's
-timeouts, a process start) then leaves the CPU to them rather than to nobody. A test
-waits for what it reads only; what the thread has not reached yet, the test runs itself.
+same number of processes share one: `batched`, called when a module is imported, adds the
+module's scenarios to it. A module's other long runs (a doctor run of a script, the
+documents' blocks) are declared the same way with `prefetched`. Once the session has
+selected its tests, tests/conftest.py puts the modules that read any of them after every
+other test and calls `start`: two background threads, one for the launches and one for
+the other runs, run the selected ones one after another, in the order their tests will
+ask, while the tests that need none run. The waiting the suite does (a hang test sitting
+out its time limit, the watchdog's timeouts, a process start) then leaves the CPU to them
+rather than to nobody. A test waits for what it reads only; what the threads have not
+reached yet, the test runs itself.
 """
 
 from __future__ import annotations
 
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +42,7 @@ def together_name(script: str, name: str) -> str:
 
 
 class _Job:
-    """Run once: by the background thread or by the first test that needs it, whichever
+    """Run once: by a background thread or by the first test that needs it, whichever
     claims it first; the others wait for it."""
 
     def __init__(self) -> None:
@@ -59,7 +61,7 @@ class _Job:
         self.done.wait()
 
     def in_background(self, tmp_path_factory: pytest.TempPathFactory) -> Callable[[], None]:
-        """What the background thread calls (made in the main thread: `mktemp` is not
+        """What a background thread calls (made in the main thread: `mktemp` is not
         for other threads)."""
         raise NotImplementedError
 
@@ -103,7 +105,7 @@ _launches: dict[int, _Launch] = {}
 _batches: list[Batch] = []
 _order: list[_Job] = []  # the selected jobs, in the order their tests will ask
 _lock = threading.Lock()
-_thread: threading.Thread | None = None
+_threads: list[threading.Thread] = []
 
 
 @dataclass(eq=False)
@@ -159,27 +161,33 @@ def batched(
 
 
 class Prefetched(_Job, Generic[T]):
-    """A call whose result a test reads (`prefetched`)."""
+    """A call whose result a test reads (`prefetched`, `prefetched_in`)."""
 
-    def __init__(self, call: Callable[[], T]) -> None:
+    def __init__(self, call: Callable[[Path | None], T], folder: str | None = None) -> None:
         super().__init__()
         self._call = call
+        self._folder = folder
         self._value: T | None = None
         self._error: BaseException | None = None
 
-    def _run(self) -> None:
+    def _run(self, where: Path | None) -> None:
         try:
-            self._value = self._call()
+            self._value = self._call(where)
         except BaseException as err:  # raised again in the test that reads it
             self._error = err
         finally:
             self.done.set()
 
     def in_background(self, tmp_path_factory: pytest.TempPathFactory) -> Callable[[], None]:
-        return self._run
+        where = tmp_path_factory.mktemp(self._folder) if self._folder else None
+        return lambda: self._run(where)
 
     def result(self) -> T:
-        self.wait_for(self._run)
+        # Run by the test: its folder is an ordinary temporary one (a test module's
+        # top level has no tmp_path_factory).
+        self.wait_for(
+            lambda: self._run(Path(tempfile.mkdtemp(prefix=self._folder)) if self._folder else None)
+        )
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
@@ -191,7 +199,18 @@ def prefetched(call: Callable[[], T]) -> Prefetched[T]:
     selected, or else by the first test that reads it. `.result()` waits for it and
     returns it, or raises what it raised. For long runs of processes a test only reads,
     such as a doctor run of a script."""
-    return Prefetched(call)
+    return Prefetched(lambda _: call())
+
+
+def prefetched_in(folder: str, call: Callable[[Path], T]) -> Prefetched[T]:
+    """`prefetched`, for a call that writes its files in a new folder of the session's
+    temporary ones, named after `folder`: `call(path)`."""
+
+    def run(where: Path | None) -> T:
+        assert where is not None  # every run of a call with a folder is given one
+        return call(where)
+
+    return Prefetched(run, folder)
 
 
 def _held(module: Any) -> list[Batch | Prefetched[Any]]:
@@ -235,19 +254,29 @@ def select(items: list[pytest.Item]) -> None:
 
 
 def start(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Run the selected launches and calls one after another in a background thread."""
-    global _thread
-    if _thread is not None or not _order:
+    """Run the selected launches one after another in a background thread, and the
+    prefetched calls one after another in a second one: a launch keeps its processes busy,
+    while a call (a doctor run) mostly waits for processes to start or a hang to time out,
+    so the two side by side fill the CPU that either alone leaves."""
+    if _threads or not _order:
         return
     todo = [(job, job.in_background(tmp_path_factory)) for job in _order]
+    for lane, jobs in (
+        ("launches", [(j, r) for j, r in todo if isinstance(j, _Launch)]),
+        ("calls", [(j, r) for j, r in todo if not isinstance(j, _Launch)]),
+    ):
+        if jobs:
+            thread = threading.Thread(
+                target=_run_all, args=(jobs,), name=f"background-{lane}", daemon=True
+            )
+            _threads.append(thread)
+            thread.start()
 
-    def run_all() -> None:
-        for job, run in todo:
-            if job.claim():
-                run()
 
-    _thread = threading.Thread(target=run_all, name="background-runs", daemon=True)
-    _thread.start()
+def _run_all(jobs: list[tuple[_Job, Callable[[], None]]]) -> None:
+    for job, run in jobs:
+        if job.claim():
+            run()
 
 
 def stop() -> None:

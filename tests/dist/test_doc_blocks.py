@@ -18,6 +18,7 @@ import pytest
 
 import doc_blocks
 from doc_blocks import REPO, Block, blocks, documents
+from shared_launches import prefetched_in
 
 pytestmark = pytest.mark.multiprocess
 ALL = [b for p in documents() for b in blocks(p)]
@@ -75,11 +76,9 @@ RUNNER_DOC = (
 Launched = dict[Path, dict[str, list[dict[str, Any]]]]
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Launched, Path]:
+def _launch_python_blocks(root: Path) -> tuple[Launched, Path]:
     """Every file's Python blocks and the runner's own document, in one torchrun launch
     (the runner's document last: its failing block must not hide the others' results)."""
-    root = tmp_path_factory.mktemp("doc_blocks")
     doc = root / "doc.md"
     doc.write_text(RUNNER_DOC)
     return doc_blocks.launch_documents(
@@ -87,18 +86,20 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Launched, Path]:
     ), doc
 
 
+# Both run in the background while other tests run (tests/shared_launches.py).
+LAUNCHED = prefetched_in("doc_blocks", _launch_python_blocks)
+
+
 @pytest.mark.parametrize("path", _python_files(), ids=lambda p: str(p.relative_to(REPO)))
-def test_python_blocks_run_on_two_cpu_processes(
-    path: Path, launched: tuple[Launched, Path]
-) -> None:
-    results = launched[0][path]
+def test_python_blocks_run_on_two_cpu_processes(path: Path) -> None:
+    results = LAUNCHED.result()[0][path]
     assert results and doc_blocks.failures(results) == ""
 
 
-def test_a_failing_block_and_a_gpu_only_block(launched: tuple[Launched, Path]) -> None:
+def test_a_failing_block_and_a_gpu_only_block() -> None:
     """The runner reports a block that raises on one rank only, runs the blocks after it,
     and leaves gpu-only blocks to the GPU test."""
-    found, doc = launched
+    found, doc = LAUNCHED.result()
     results = found[doc]
     assert list(results) == [f"{doc}:1", f"{doc}:14"]
     first, last = results[f"{doc}:1"], results[f"{doc}:14"]
@@ -106,13 +107,11 @@ def test_a_failing_block_and_a_gpu_only_block(launched: tuple[Launched, Path]) -
     assert all("error" not in r for r in last)
 
 
-@pytest.fixture(scope="module")
-def scratch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+def _scratch(root: Path) -> tuple[Path, dict[str, str]]:
     """A copy of the repository and a virtual environment that sees this one's packages
     (so `pip install -e .` installs the copy and fetches nothing it already has). The copy
     leaves out the virtual environment CI makes inside the checkout (.venv, 1.4 GB with
     PyTorch), which nothing run in the copy uses."""
-    root = tmp_path_factory.mktemp("firstcontact")
     repo = root / "repo"
     shutil.copytree(
         REPO,
@@ -148,7 +147,15 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     return repo, env
 
 
+def _run_bash_blocks(root: Path) -> dict[str, str]:
+    """What went wrong in each CPU bash block ("" if nothing), run in order in one copy."""
+    repo, env = _scratch(root)
+    return {block.name: doc_blocks.run_commands(block, repo, env) for block in CPU_BASH}
+
+
+BASH_RUNS = prefetched_in("firstcontact", _run_bash_blocks)
+
+
 @pytest.mark.parametrize("block", CPU_BASH, ids=lambda b: b.name)
-def test_bash_blocks_run_as_typed(block: Block, scratch: tuple[Path, dict[str, str]]) -> None:
-    repo, env = scratch
-    assert doc_blocks.run_commands(block, repo, env) == ""
+def test_bash_blocks_run_as_typed(block: Block) -> None:
+    assert BASH_RUNS.result()[block.name] == ""

@@ -7,7 +7,7 @@ import types
 from typing import Any
 
 import shared_launches
-from shared_launches import prefetched
+from shared_launches import prefetched, prefetched_in
 
 
 class _Item:
@@ -60,3 +60,22 @@ def test_a_call_runs_once_whoever_asks_first_and_raises_in_each_reader() -> None
     assert calls == [1] and raised == ["the run failed"] * 4
     ok = prefetched(lambda: {"status": 0})
     assert ok.result() is ok.result()
+
+
+def test_a_call_with_a_folder_gets_a_new_one_wherever_it_runs(
+    tmp_path_factory: Any,
+) -> None:
+    def write(where: Any) -> Any:
+        assert list(where.iterdir()) == []
+        (where / "made").write_text("")
+        return where
+
+    ahead = prefetched_in("ahead", write)
+    run = ahead.in_background(tmp_path_factory)  # what a background thread does
+    assert ahead.claim()
+    run()
+    made = ahead.result()
+    assert made.name.startswith("ahead") and made.parent == tmp_path_factory.getbasetemp()
+    by_test = prefetched_in("by_test", write).result()
+    assert by_test.name.startswith("by_test") and (by_test / "made").exists()
+    assert by_test.parent != tmp_path_factory.getbasetemp()
