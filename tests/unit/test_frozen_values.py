@@ -360,6 +360,28 @@ def test_a_closure_value_the_loop_changes_after_capture_is_followed(
         assert step.stats.captures == 3 and step.stats.replays >= 10
 
 
+def _changed_at_16(captured: Any, data: Any, change: Any) -> list[float]:
+    """The loop's losses, `change()` made before its 17th call (after the capture)."""
+    losses = []
+    for i, (x, y) in enumerate(data):
+        if i == 16:
+            change()
+        losses.append(float(captured(x, y)))
+    return losses
+
+
+def _eager_after_the_change(make_run: Any, same: Any, train: Any, what: str) -> None:
+    """`train` on the recording backend against eager: one warning, naming `what` and the
+    line marked `# read here`; the 14 calls after the change eager; training equal."""
+    expected, (losses, step), said, same_params = _against_eager(
+        make_run, same, train, backend=RecordingBackend()
+    )
+    assert len(said) == 1 and what in said[0], said
+    assert "# read here`" in said[0], said
+    assert step.stats.captures == 1 and step.stats.eager_steps == 14
+    assert losses == expected and same_params
+
+
 class _Config:
     """A config object of the user's: `scale` a class attribute until the loop sets it."""
 
@@ -398,30 +420,19 @@ def test_a_value_read_through_a_config_object_is_followed(
             run.optimizer.step()
             return loss.detach()
 
-        captured = call(step) if call else (lambda x, y: _with(run, step, x, y))
-        losses = []
-        for i, (x, y) in enumerate(data):
-            if i == 16:
-                if holder == "dict_item":
-                    cfg["scale"] = 0.5
-                elif holder == "nested":
-                    cfg.loss["weights"][1] = 0.5
-                else:
-                    cfg.scale = 0.5
-            losses.append(float(captured(x, y)))
-        return losses, captured
+        def change() -> None:
+            if holder == "dict_item":
+                cfg["scale"] = 0.5
+            elif holder == "nested":
+                cfg.loss["weights"][1] = 0.5
+            else:
+                cfg.scale = 0.5
 
-    expected, (losses, step), said, same_params = _against_eager(
-        make_run, same, train, backend=RecordingBackend()
-    )
-    path = {
-        "dict_item": "cfg['scale']",
-        "nested": "cfg.loss['weights']",
-    }.get(holder, "cfg.scale")
-    assert len(said) == 1 and f"the step reads `{path}`, which was " in said[0], said
-    assert "# read here`" in said[0], said
-    assert step.stats.captures == 1 and step.stats.eager_steps == 14
-    assert losses == expected and same_params
+        captured = call(step) if call else (lambda x, y: _with(run, step, x, y))
+        return _changed_at_16(captured, data, change), captured
+
+    path = {"dict_item": "cfg['scale']", "nested": "cfg.loss['weights']"}.get(holder, "cfg.scale")
+    _eager_after_the_change(make_run, same, train, f"the step reads `{path}`, which was ")
 
 
 class _WeightedLoss:
@@ -471,32 +482,23 @@ def test_what_the_users_loss_reads_replaced_after_capture_is_followed(
             run.optimizer.step()
             return loss.detach()
 
-        captured = call(step) if call else (lambda x, y: _with(run, step, x, y))
-        losses = []
-        for i, (x, y) in enumerate(data):
-            if i == 16:
-                new = torch.linspace(1.0, 2.0, classes)
-                if how == "closure_tensor":
-                    weights = new
-                elif how == "loss_object_tensor":
-                    loss_obj.w = new
-                else:
-                    crit.smoothing = 0.1
-            losses.append(float(captured(x, y)))
-        return losses, captured
+        def change() -> None:
+            nonlocal weights
+            new = torch.linspace(1.0, 2.0, classes)
+            if how == "closure_tensor":
+                weights = new
+            elif how == "loss_object_tensor":
+                loss_obj.w = new
+            else:
+                crit.smoothing = 0.1
 
-    expected, (losses, step), said, same_params = _against_eager(
-        make_run, same, train, backend=RecordingBackend()
+        captured = call(step) if call else (lambda x, y: _with(run, step, x, y))
+        return _changed_at_16(captured, data, change), captured
+
+    path = {"closure_tensor": "weights", "loss_object_tensor": "loss_obj.w"}.get(
+        how, "crit.smoothing"
     )
-    path = {
-        "closure_tensor": "weights",
-        "loss_object_tensor": "loss_obj.w",
-        "criterion_setting": "crit.smoothing",
-    }[how]
-    assert len(said) == 1 and f"the step reads `{path}`" in said[0], said
-    assert "# read here`" in said[0], said
-    assert step.stats.captures == 1 and step.stats.eager_steps == 14
-    assert losses == expected and same_params
+    _eager_after_the_change(make_run, same, train, f"the step reads `{path}`")
 
 
 def test_on_failure_raise_gives_up_instead(make_run, batches) -> None:
