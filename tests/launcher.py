@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -167,6 +168,44 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# How long the other agents may take to end once one has failed. An agent does not hear of
+# another host's failure until its own workers fail, and a worker can wait in its process
+# group's teardown for a rank whose process is gone (seen: a rank aborting at exit, after
+# writing its results, left the other agent waiting for the whole time limit).
+_NODE_FAILED_GRACE_S = 30.0
+
+
+def wait_for_nodes(
+    procs: list[subprocess.Popen[str]], timeout: float, grace: float = _NODE_FAILED_GRACE_S
+) -> list[tuple[str, str]]:
+    """Each agent's (stdout, stderr), once all have ended: within `timeout`, and within
+    `grace` seconds of the first to fail; an agent still running then is killed, which its
+    log says."""
+
+    outputs: dict[int, tuple[str, str]] = {}
+
+    def read(node: int, proc: subprocess.Popen[str]) -> None:
+        outputs[node] = proc.communicate()  # to the end: pipes never fill up
+
+    readers = [threading.Thread(target=read, args=(n, p), daemon=True) for n, p in enumerate(procs)]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if any(p.returncode not in (None, 0) for p in procs):
+            deadline = min(deadline, time.monotonic() + grace)
+        time.sleep(0.2)
+    killed = [n for n, p in enumerate(procs) if p.poll() is None]
+    for node in killed:
+        procs[node].kill()
+    for reader in readers:
+        reader.join()
+    return [
+        (out, err + (f"\n(node {n} killed: still running)" if n in killed else ""))
+        for n, (out, err) in sorted(outputs.items())
+    ]
+
+
 def run_scenarios_multinode(
     script: str,
     names: list[str],
@@ -200,16 +239,7 @@ def run_scenarios_multinode(
                 cmd, env=torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
         )
-    deadline = time.monotonic() + timeout
-    logs = []
-    for node, proc in enumerate(procs):
-        try:
-            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-            stderr += f"\n(node {node} killed after {timeout} s)"
-        logs.append((stdout, stderr))
+    logs = wait_for_nodes(procs, timeout)
     for node, (stdout, stderr) in enumerate(logs):
         (out / f"torchrun.node{node}.log").write_text(stdout + "\n--- stderr ---\n" + stderr)
     merged = subprocess.CompletedProcess(

@@ -6,12 +6,13 @@ same number of processes share one: `batched`, called when a module is imported,
 module's scenarios to it. A module's other long runs (a doctor run of a script, the
 documents' blocks) are declared the same way with `prefetched`. Once the session has
 selected its tests, tests/conftest.py puts the modules that read any of them after every
-other test and calls `start`: two background threads, one for the launches and one for
-the other runs, run the selected ones one after another, in the order their tests will
-ask, while the tests that need none run. The waiting the suite does (a hang test sitting
-out its time limit, the watchdog's timeouts, a process start) then leaves the CPU to them
-rather than to nobody. A test waits for what it reads only; what the threads have not
-reached yet, the test runs itself.
+other test and calls `start`: background threads run the selected ones, in the order their
+tests will ask, while the tests that need none run. One takes the launches and then helps
+with the other runs, a second takes the other runs from the start, and a third the runs
+that mostly wait (a hang sitting out its time limit), which would hold up the others for
+no CPU. The waiting the suite does (a hang test sitting out its time limit, the watchdog's
+timeouts, a process start) then leaves the CPU to them rather than to nobody. A test waits
+for what it reads only; what the threads have not reached yet, the test runs itself.
 """
 
 from __future__ import annotations
@@ -161,12 +162,16 @@ def batched(
 
 
 class Prefetched(_Job, Generic[T]):
-    """A call whose result a test reads (`prefetched`, `prefetched_in`)."""
+    """A call whose result a test reads (`prefetched`, `prefetched_in`); `waits`: it spends
+    most of its time waiting (for a time limit, say), not computing."""
 
-    def __init__(self, call: Callable[[Path | None], T], folder: str | None = None) -> None:
+    def __init__(
+        self, call: Callable[[Path | None], T], folder: str | None = None, *, waits: bool = False
+    ) -> None:
         super().__init__()
         self._call = call
         self._folder = folder
+        self.waits = waits
         self._value: T | None = None
         self._error: BaseException | None = None
 
@@ -193,16 +198,17 @@ class Prefetched(_Job, Generic[T]):
         return self._value  # type: ignore[return-value]
 
 
-def prefetched(call: Callable[[], T]) -> Prefetched[T]:
+def prefetched(call: Callable[[], T], *, waits: bool = False) -> Prefetched[T]:
     """`call()`, made once in the background when the session starts, if every test of
     the module that holds it (at its top level, alone or as the values of a dict) is
     selected, or else by the first test that reads it. `.result()` waits for it and
     returns it, or raises what it raised. For long runs of processes a test only reads,
-    such as a doctor run of a script."""
-    return Prefetched(lambda _: call())
+    such as a doctor run of a script. `waits=True` for a call that mostly waits (a run that
+    sits out a time limit): it runs beside the others rather than in their line."""
+    return Prefetched(lambda _: call(), waits=waits)
 
 
-def prefetched_in(folder: str, call: Callable[[Path], T]) -> Prefetched[T]:
+def prefetched_in(folder: str, call: Callable[[Path], T], *, waits: bool = False) -> Prefetched[T]:
     """`prefetched`, for a call that writes its files in a new folder of the session's
     temporary ones, named after `folder`: `call(path)`."""
 
@@ -210,7 +216,7 @@ def prefetched_in(folder: str, call: Callable[[Path], T]) -> Prefetched[T]:
         assert where is not None  # every run of a call with a folder is given one
         return call(where)
 
-    return Prefetched(run, folder)
+    return Prefetched(run, folder, waits=waits)
 
 
 def _held(module: Any) -> list[Batch | Prefetched[Any]]:
@@ -254,23 +260,37 @@ def select(items: list[pytest.Item]) -> None:
 
 
 def start(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Run the selected launches one after another in a background thread, and the
-    prefetched calls one after another in a second one: a launch keeps its processes busy,
-    while a call (a doctor run) mostly waits for processes to start or a hang to time out,
-    so the two side by side fill the CPU that either alone leaves."""
+    """Run the selected jobs in background threads: the launches one after another, then
+    the other runs as the second thread has not yet claimed them; the other runs one after
+    another from the start; the runs that mostly wait in a third. A launch keeps its
+    processes busy, while a call (a doctor run) mostly waits for processes to start, so a
+    launch and a call side by side fill the CPU that either alone leaves; two launches or
+    two calls at once would only share it. Once the launches are done, the calls left are
+    what ends the session: two threads take them."""
     if _threads or not _order:
         return
-    todo = [(job, job.in_background(tmp_path_factory)) for job in _order]
-    for lane, jobs in (
-        ("launches", [(j, r) for j, r in todo if isinstance(j, _Launch)]),
-        ("calls", [(j, r) for j, r in todo if not isinstance(j, _Launch)]),
-    ):
+    runs = {id(job): job.in_background(tmp_path_factory) for job in _order}
+    for lane, jobs in lanes(_order).items():
         if jobs:
             thread = threading.Thread(
-                target=_run_all, args=(jobs,), name=f"background-{lane}", daemon=True
+                target=_run_all,
+                args=([(job, runs[id(job)]) for job in jobs],),
+                name=f"background-{lane}",
+                daemon=True,
             )
             _threads.append(thread)
             thread.start()
+
+
+def lanes(jobs: list[_Job]) -> dict[str, list[_Job]]:
+    """Which jobs each background thread goes through, in order (`start`): a job that
+    two threads list runs in whichever claims it first."""
+    calls = [j for j in jobs if isinstance(j, Prefetched) and not j.waits]
+    return {
+        "launches": [j for j in jobs if isinstance(j, _Launch)] + calls,
+        "calls": calls,
+        "waits": [j for j in jobs if isinstance(j, Prefetched) and j.waits],
+    }
 
 
 def _run_all(jobs: list[tuple[_Job, Callable[[], None]]]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from launcher import ok, run_scenarios_multinode
-from shared_launches import batched
+from shared_launches import batched, prefetched_in
 from variants import both_backends, key
 
 pytestmark = pytest.mark.multiprocess
@@ -58,12 +58,18 @@ def results(nproc: int, tmp_path_factory: pytest.TempPathFactory) -> Results:
     return LAUNCHES[nproc].results(tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def multinode(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    out = tmp_path_factory.mktemp("two_nodes")
-    return run_scenarios_multinode(
+# Two torchrun agents meeting as two hosts would: run in the background too.
+MULTINODE = prefetched_in(
+    "two_nodes",
+    lambda out: run_scenarios_multinode(
         SCRIPT, both_backends(MULTINODE_SCENARIOS), out, nnodes=2, nproc_per_node=1, timeout=240
-    )
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def multinode() -> Results:
+    return MULTINODE.result()
 
 
 def _ranks(results: Results, name: str, variant: str = "pass-through") -> list[dict[str, Any]]:

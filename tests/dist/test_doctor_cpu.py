@@ -22,7 +22,8 @@ FROZEN_SCRIPTS = [
     "cpu_frozen_flag.py",
 ]
 # Each doctor run starts three processes that import PyTorch, and the hang waits out its
-# limit: they run in the background while other tests run (tests/shared_launches.py).
+# limit: they run in the background while other tests run (tests/shared_launches.py), the
+# hang beside the others since it mostly waits.
 # The limit is long enough for both ranks to start and reach their lines on a loaded
 # 2-core machine (about 5-8 s there); the test waits out the whole limit.
 HANG_LIMIT_S = 25
@@ -31,7 +32,7 @@ _NO_CUDA_RUNS = [] if torch.cuda.is_available() else PORTABLE
 RUNS = {
     "clean": prefetched(lambda: run_doctor("cpu_clean.py", "--steps", "3")),
     "fail": prefetched(lambda: run_doctor("cpu_fail.py")),
-    "hang": prefetched(lambda: run_doctor("cpu_hang.py", timeout=HANG_LIMIT_S)),
+    "hang": prefetched(lambda: run_doctor("cpu_hang.py", timeout=HANG_LIMIT_S), waits=True),
     "nan": prefetched(lambda: run_doctor("cpu_nan_monitor.py")),
     "capture_step_clean": prefetched(lambda: run_doctor("cpu_capture_step_clean.py")),
     **{

@@ -79,3 +79,26 @@ def test_a_call_with_a_folder_gets_a_new_one_wherever_it_runs(
     by_test = prefetched_in("by_test", write).result()
     assert by_test.name.startswith("by_test") and (by_test / "made").exists()
     assert by_test.parent != tmp_path_factory.getbasetemp()
+
+
+def test_the_launch_thread_helps_with_the_calls_and_waiting_runs_go_beside(
+    tmp_path_factory: Any,
+) -> None:
+    launch = shared_launches._Launch(3)
+    ran: list[int] = []
+    first, second = prefetched(lambda: ran.append(1) or 1), prefetched(lambda: ran.append(3) or 3)
+    hang = prefetched(lambda: 2, waits=True)
+    found = shared_launches.lanes([launch, first, hang, second])
+    assert found == {
+        "launches": [launch, first, second],
+        "calls": [first, second],
+        "waits": [hang],
+    }
+    # Two threads going through the same calls run each once.
+    jobs = [(job, job.in_background(tmp_path_factory)) for job in (first, second)]
+    threads = [threading.Thread(target=shared_launches._run_all, args=(jobs,)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [first.result(), second.result()] == [1, 3] and sorted(ran) == [1, 3]
