@@ -48,6 +48,7 @@ from design_rules import (
 
 README = SRC.parents[1] / "README.md"
 MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 400
 # Another library's private names that coincide with a name ddpgraph defines.
 FOREIGN = {
     (
@@ -264,6 +265,16 @@ def test_no_function_is_over_60_lines(path: Path) -> None:
 
 
 # ----------------------------------------------------------------- the layout
+def test_no_module_is_over_400_lines() -> None:
+    # A module a reader holds in one sitting: past that, it holds two concepts.
+    long = {
+        _rel(p): n
+        for p in SRC.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
 @pytest.mark.parametrize("path", sorted(SRC.rglob("*.py")), ids=_rel)
 def test_every_module_says_what_lives_there(path: Path) -> None:
     assert docstring_line(path.read_text()), f"{_rel(path)} has no docstring"

@@ -5,18 +5,17 @@ after capture it would stop changing while training goes on, without a word: a l
 history stops growing, a step counter the loop saves checkpoints by stops counting, and
 a batch taken with `next(it)` inside the step is the recorded one on every replay.
 
-What is watched is what the step's own code reaches by name, and nothing a library owns.
-The roots are the free variables (closure cells) and globals that the step function's
-code names, `self` of a bound method or of a callable object, the arguments a
-`functools.partial` holds, the same of the user's functions these lead to (a helper the
-step calls), the model's modules of classes defined in the user's files, and the hooks
-registered on its modules and parameters (a forward hook that counts). From a
-root the walk enters plain containers (list, tuple, dict, set, deque) and objects of
-classes defined in the user's files; it keeps plain values (numbers, strings) by value,
-an iterator by how far it has gone, and a tensor by its shape, dtype and device only: a
-step that rebinds `self.last_loss = loss.detach()` holds the graph's output, which
-every replay refreshes. Objects of installed libraries, of torch and of ddpgraph (an
-optimizer, a scheduler, a progress bar) are not entered: their state is theirs.
+What is watched is what the step's own code reaches by name, and nothing a library owns. The
+roots are the free variables (closure cells) and globals that the step function's code names,
+`self` of a bound method or of a callable object, the arguments a `functools.partial` holds,
+the same of the user's functions these lead to (a helper the step calls), the model's modules
+of classes defined in the user's files, and the hooks registered on its modules and
+parameters (a forward hook that counts). From a root the walk enters plain containers (list,
+tuple, dict, set, deque) and objects of classes defined in the user's files; it keeps plain
+values (numbers, strings) by value, an iterator by how far it has gone, and a tensor by its
+shape, dtype and device only: a step that rebinds `self.last_loss = loss.detach()` holds the
+graph's output, which every replay refreshes. Objects of installed libraries, of torch and of
+ddpgraph (an optimizer, a scheduler, a progress bar) are not entered: their state is theirs.
 
 A change is a finding only when it happened in both of the last two watched warm-up
 calls of one input signature: a cache filled once, or a value set to the same thing on
