@@ -14,6 +14,7 @@ import pytest
 
 from ddpgraph.bench import validate
 from launcher import torchrun_env
+from shared_launches import prefetched_in
 
 pytestmark = pytest.mark.multiprocess
 
@@ -34,11 +35,7 @@ ARGS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def run(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
-    out = tmp_path_factory.mktemp("bench")
+def _run_bench(out: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
     cmd = [
         sys.executable,
         "-m",
@@ -56,6 +53,15 @@ def run(
     (out / "bench.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((out / "bench.json").read_text()), out
+
+
+# Run in the background while other tests run (tests/shared_launches.py).
+BENCH = prefetched_in("bench", _run_bench)
+
+
+@pytest.fixture(scope="module")
+def run() -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
+    return BENCH.result()
 
 
 def _results(data: dict[str, Any]) -> dict[tuple[str, int, str], dict[str, Any]]:

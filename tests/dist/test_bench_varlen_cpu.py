@@ -19,6 +19,7 @@ import pytest
 from ddpgraph.bench import validate
 from doc_blocks import run_by
 from launcher import torchrun_env
+from shared_launches import prefetched_in
 
 pytestmark = pytest.mark.multiprocess
 
@@ -26,11 +27,7 @@ pytestmark = pytest.mark.multiprocess
 [COMMAND] = BLOCK.commands()
 
 
-@pytest.fixture(scope="module")
-def run(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
-    out = tmp_path_factory.mktemp("bench_varlen")
+def _run_command(out: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
     assert (
         COMMAND.startswith("ddpgraph bench --cpu --seq-lens 8:32")
         and "--plot varlen.png" in COMMAND
@@ -52,6 +49,15 @@ def run(
     (out / "bench.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((out / "varlen.json").read_text()), out
+
+
+# Run in the background while other tests run (tests/shared_launches.py).
+BENCH = prefetched_in("bench_varlen", _run_command)
+
+
+@pytest.fixture(scope="module")
+def run() -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
+    return BENCH.result()
 
 
 def _rows(data: dict[str, Any]) -> dict[str, dict[str, Any]]:

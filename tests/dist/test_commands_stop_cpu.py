@@ -20,6 +20,7 @@ import pytest
 
 from ddpgraph.app.job import alive, job_processes
 from launcher import torchrun_env
+from shared_launches import prefetched
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -39,16 +40,16 @@ WITH_CTRL_C = (
 )
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["demo", "--cpu"],
-        ["bench", "--cpu", "--model", "gpt"],
-        ["doctor", "--nproc", "2", "--timeout", "300", HANG],
-    ],
-    ids=["demo", "bench", "doctor"],
-)
-def test_ctrl_c_stops_the_whole_job_and_prints_one_line(command: list[str]) -> None:
+COMMANDS = {
+    "demo": ["demo", "--cpu"],
+    "bench": ["bench", "--cpu", "--model", "gpt"],
+    "doctor": ["doctor", "--nproc", "2", "--timeout", "300", HANG],
+}
+
+
+def _interrupt(command: list[str]) -> tuple[int | None, str, list[int], list[int]]:
+    """Start `ddpgraph COMMAND`, send it SIGINT once its job's workers run: its exit
+    status, its standard error, the job's processes and those still alive after it ended."""
     proc = subprocess.Popen(
         [sys.executable, "-c", WITH_CTRL_C, *command],
         env=torchrun_env(),
@@ -65,19 +66,34 @@ def test_ctrl_c_stops_the_whole_job_and_prints_one_line(command: list[str]) -> N
             if len(job) >= 4:  # the command, torchrun and its two workers
                 break
             time.sleep(0.2)
-        assert len(job) >= 4, job
+        if len(job) < 4:
+            return None, f"the job never had 4 processes: {job}", job, []
         time.sleep(3)  # the workers import torch and meet
         job = job_processes(proc.pid)
         os.kill(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)  # returns once nothing holds the pipes
+        return proc.returncode, err, job, [p for p in job if alive(p)]
     finally:  # a failing run leaves nothing either
         for pid in [proc.pid, *job]:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 130, err[-3000:]
-    assert [p for p in job if alive(p)] == []
+
+
+# Each waits for its job to start, then for it to stop: run beside the other background
+# runs (tests/shared_launches.py).
+STOPPED = {
+    name: prefetched(lambda command=command: _interrupt(command), waits=True)
+    for name, command in COMMANDS.items()
+}
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_ctrl_c_stops_the_whole_job_and_prints_one_line(name: str) -> None:
+    returncode, err, job, left = STOPPED[name].result()
+    assert returncode == 130, err[-3000:]
+    assert left == [], job
     assert "Traceback" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"ddpgraph{'' if command[0] != 'doctor' else ' doctor'}: interrupted"), (
-        err[-3000:]
-    )
+    assert last.startswith(f"ddpgraph{'' if name != 'doctor' else ' doctor'}: interrupted"), err[
+        -3000:
+    ]

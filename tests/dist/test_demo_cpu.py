@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from shared_launches import prefetched_in
+
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _run_demo(folder: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     script = Path(sys.executable).parent / ("ddpgraph.exe" if os.name == "nt" else "ddpgraph")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "ddpgraph"]
-    json_path = tmp_path_factory.mktemp("demo") / "demo.json"
+    json_path = folder / "demo.json"
     # A user's shell: not inside torchrun, no GPU even where the tests run on a GPU machine.
     env = {
         k: v
@@ -39,6 +40,15 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Completed
         check=False,
     )
     return proc, json_path
+
+
+# Run in the background while other tests run (tests/shared_launches.py).
+DEMO = prefetched_in("demo", _run_demo)
+
+
+@pytest.fixture(scope="module")
+def demo() -> tuple[subprocess.CompletedProcess[str], Path]:
+    return DEMO.result()
 
 
 def test_demo_exits_0(demo: tuple[subprocess.CompletedProcess[str], Path]) -> None:

@@ -15,20 +15,32 @@ from pathlib import Path
 import pytest
 
 from launcher import torchrun_command, torchrun_env
+from shared_launches import prefetched_in
 
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
-def test_the_waiting_ranks_report_the_stopped_one_and_the_job_ends(
-    nproc: int, tmp_path: Path
-) -> None:
+def _launch(nproc: int, out: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     cmd = torchrun_command(
-        ["--standalone", f"--nproc_per_node={nproc}"], "cpu_watchdog.py", tmp_path, []
+        ["--standalone", f"--nproc_per_node={nproc}"], "cpu_watchdog.py", out, []
     )
     proc = subprocess.run(
         cmd, env=torchrun_env(), capture_output=True, text=True, timeout=140, check=False
     )
+    return proc, out
+
+
+# The job waits out the watchdog's limit: run beside the other background runs
+# (tests/shared_launches.py).
+LAUNCHES = {
+    n: prefetched_in(f"watchdog_{n}proc", lambda out, n=n: _launch(n, out), waits=True)
+    for n in (2, 4)
+}
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_the_waiting_ranks_report_the_stopped_one_and_the_job_ends(nproc: int) -> None:
+    proc, tmp_path = LAUNCHES[nproc].result()
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0, log  # a rank failed, so the job did
     assert not (tmp_path / "stopper_woke").exists(), "torchrun did not end the stopped rank"
