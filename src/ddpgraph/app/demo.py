@@ -30,7 +30,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..backends.graph import emulation_backend
 from ..capture import capture_step
 from ..ddp.build import infer_device_ids, prepare_ddp
-from ..ddp.distributed import DistInfo, init_distributed, launched_by_torchrun, shutdown
+from ..ddp.distributed import DistInfo, init_distributed, shutdown
+from ..ddp.process import launched_by_torchrun
 from ..ddp.streams import synchronize
 from ..errors import DdpGraphUsageError
 from ..optimizer.graph_safe import graph_safe_optimizer

@@ -42,7 +42,8 @@ from rich.table import Table
 from ..app import arguments
 from ..app.console import console
 from ..app.launch import run_under_torchrun
-from ..ddp.distributed import init_distributed, launched_by_torchrun, shutdown
+from ..ddp.distributed import init_distributed, shutdown
+from ..ddp.process import launched_by_torchrun
 from ..errors import DdpGraphUsageError, usage_error
 from .compare import fill_speedups, summary
 from .measure import Settings
