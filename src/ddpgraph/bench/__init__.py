@@ -3,8 +3,9 @@
 The pieces: `Case` (a workload at a batch size on a device) and `Runner` (one training
 step per call) in `case`; the named strategies in `registry` (add your own with
 `register_strategy`) and `strategies` (the built-in ones); `measure` runs one strategy
-in isolation; `suite` runs them all; `schema`, `table` and `plot` present the results;
-`command` is the CLI.
+in isolation; `suite` runs them all; `schema`, `table` and `plot` present the results.
+The command: `command` (its arguments, checked by `choice` without PyTorch, then
+torchrun started) and `worker` (what each of its workers runs).
 
 The names below load on first use (`ddpgraph.exports`), so that the command's launching
 process, which imports this package for `command`, imports no PyTorch; reading any of
