@@ -19,8 +19,9 @@ from ddpgraph import Code, DdpGraphUsageError
 from ddpgraph.app.cli import build_parser
 from ddpgraph.app.models import Workload
 from ddpgraph.bench import command
+from ddpgraph.bench.choice import parse_batch_sizes
 from ddpgraph.bench.presets import LLAMA, PRESETS, CausalLMLogits, hf_gpt2, hf_llama
-from ddpgraph.bench.workloads import parse_batch_sizes, resolve_model
+from ddpgraph.bench.workloads import resolve_model
 
 CPU = torch.device("cpu")
 # Small enough to train a step on two loaded CPU cores in well under a second.

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from ddpgraph.bench.command import payload
 from ddpgraph.bench.compare import fill_speedups, summary
 from ddpgraph.bench.plot import plot_speedups, speedup_figure
 from ddpgraph.bench.schema import SCHEMA_VERSION, FeedResult, Report, StrategyResult, validate
 from ddpgraph.bench.table import markdown, result_row, summary_row
 from ddpgraph.bench.terminal import terminal_tables
+from ddpgraph.bench.worker import payload
 from ddpgraph.errors import DdpGraphUsageError
 
 SETUP: dict[str, Any] = {

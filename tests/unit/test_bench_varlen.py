@@ -11,17 +11,10 @@ import pytest
 import torch
 
 from ddpgraph.app import cli
-from ddpgraph.bench import command, varlen_rows
+from ddpgraph.bench import command, varlen_rows, worker
 from ddpgraph.bench.schema import FeedResult, Report, StrategyResult, validate
-from ddpgraph.bench.varlen_plan import (
-    FAMILIES,
-    MIN_WARMUP,
-    VarLen,
-    default_buckets,
-    padded,
-    step_lengths,
-    varlen_batches,
-)
+from ddpgraph.bench.varlen_data import padded, step_lengths, varlen_batches
+from ddpgraph.bench.varlen_plan import FAMILIES, MIN_WARMUP, VarLen, default_buckets
 from ddpgraph.bench.varlen_report import plot_varlen, varlen_markdown, varlen_summary
 from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.family.buckets import next_bucket
@@ -119,7 +112,7 @@ def test_default_buckets_pad_less_than_the_longest_and_its_halves() -> None:
 
 
 def test_the_plan_of_a_variable_length_run() -> None:
-    plan = command.plan_from_args(
+    plan = worker.plan_from_args(
         parse("--cpu", "--seq-lens", "8:48", "--strategies", "whole,eager")
     )
     assert plan.varlen == VarLen(8, 48, (24, 32, 40, 48), ("eager", "whole"))
@@ -132,7 +125,7 @@ def test_the_plan_of_a_variable_length_run() -> None:
     assert [s.name for s in plan.strategies] == ["eager", "reduce-overhead"]
     # Timed on the device feed only, after a warm-up long enough for each bucket's capture.
     assert plan.settings.warmup == MIN_WARMUP and not plan.settings.dataloader
-    assert command.plan_from_args(parse("--cpu", "--seq-lens", "8:48")).varlen.families == FAMILIES  # type: ignore[union-attr]
+    assert worker.plan_from_args(parse("--cpu", "--seq-lens", "8:48")).varlen.families == FAMILIES  # type: ignore[union-attr]
 
 
 def test_step_lengths_are_seeded_in_range_and_per_rank() -> None:
@@ -144,7 +137,7 @@ def test_step_lengths_are_seeded_in_range_and_per_rank() -> None:
 
 
 def test_every_row_trains_on_the_same_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = command.plan_from_args(parse("--cpu", "--seq-lens", "8:32", "--warmup", "12"))
+    plan = worker.plan_from_args(parse("--cpu", "--seq-lens", "8:32", "--warmup", "12"))
     seen: dict[str, list[int]] = {}
 
     def fake_run(
@@ -175,7 +168,7 @@ def test_every_row_trains_on_the_same_lengths(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_padding_keeps_the_tokens_and_masks_the_labels() -> None:
-    plan = command.plan_from_args(parse("--cpu", "--seq-lens", "8:32"))
+    plan = worker.plan_from_args(parse("--cpu", "--seq-lens", "8:32"))
     cut = varlen_batches(plan.models[0], 4, [9, 17, 32], rank=0)
     assert [x.shape for x, _ in cut] == [(4, 9), (4, 17), (4, 32)]
     for (x, y), (px, py) in zip(cut, padded(cut, (16, 32)), strict=True):
@@ -272,7 +265,7 @@ def test_summary_holds_the_three_targets() -> None:
 
 
 def test_payload_validates_and_round_trips_through_json(tmp_path: Path) -> None:
-    data = json.loads(json.dumps(command.payload(varlen_report())))
+    data = json.loads(json.dumps(worker.payload(varlen_report())))
     assert validate(data) == []
     again = Report.from_dict(data)
     assert [r.feeds["device"].ms_per_step for r in again.results] == [
@@ -303,7 +296,7 @@ def test_payload_validates_and_round_trips_through_json(tmp_path: Path) -> None:
 
 def test_presets_are_built_again_for_the_longest_length(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")
-    plan = command.plan_from_args(
+    plan = worker.plan_from_args(
         parse("--cpu", "--seq-lens", "64:512", "--model", "hf-gpt2,hf-llama")
     )
     assert [(m.name, m.workload.per_sample) for m in plan.models] == [

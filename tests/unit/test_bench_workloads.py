@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ddpgraph import Code, DdpGraphUsageError
-from ddpgraph.bench.workloads import parse_batch_sizes, resolve_model, resolve_models
+from ddpgraph.bench.choice import parse_batch_sizes, resolve_models
+from ddpgraph.bench.workloads import resolve_model
 
 MODELS = Path(__file__).parent.parent / "scenarios" / "bench_models.py"
 

@@ -11,8 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
+from ..ddp.process import cuda_available, gpu_count
 from ..errors import DdpGraphUsageError, usage_error
 
 USAGE_EXIT = 2
@@ -32,7 +31,7 @@ def process_count(nproc: int | None, cpu: bool) -> None:
     """`--nproc`: at least 1, and with CUDA at most one process per GPU (NCCL refuses
     two processes on one GPU)."""
     at_least("--nproc", nproc, 1)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() and not cpu else 0
+    gpus = gpu_count() if not cpu else 0
     if nproc is not None and gpus and nproc > gpus:
         raise usage_error(
             "`--nproc`",
@@ -44,7 +43,7 @@ def process_count(nproc: int | None, cpu: bool) -> None:
 def crowded_cores(nproc: int | None, cpu: bool) -> str | None:
     """What to say before starting more CPU processes than there are cores: they share
     the cores, each step waits for the slowest, and the run takes minutes."""
-    on_cpu = cpu or not torch.cuda.is_available()
+    on_cpu = cpu or not cuda_available()
     cores = os.cpu_count() or 1
     if nproc is None or not on_cpu or nproc <= cores:
         return None

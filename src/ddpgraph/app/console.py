@@ -17,7 +17,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 
 
 @lru_cache(maxsize=1)

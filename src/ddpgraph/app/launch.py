@@ -12,9 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-import torch
-
-from ..ddp.distributed import launched_by_torchrun
+from ..ddp.process import cuda_available, gpu_count, launched_by_torchrun
 from .job import run_job
 
 __all__ = [
@@ -35,7 +33,7 @@ LAUNCHER_OPTIONS = ("--nproc",)
 
 def default_nproc() -> int:
     """One process per visible GPU, or two CPU processes (gloo) without CUDA."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+    return gpu_count() if cuda_available() else 2
 
 
 def torchrun_command(module_args: Sequence[str], nproc: int, module: str = "ddpgraph") -> list[str]:
@@ -79,7 +77,7 @@ def run_under_torchrun(module_args: Sequence[str], nproc: int | None = None) -> 
     n = nproc or default_nproc()
     env = dict(os.environ)
     # Two CPU workers on a small machine fight over cores with PyTorch's default threads.
-    if not torch.cuda.is_available():
+    if not cuda_available():
         env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return run_job(torchrun_command(worker_args(module_args), n), env)

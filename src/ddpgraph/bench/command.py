@@ -30,55 +30,15 @@ A model of your own: `--model MODULE:FACTORY`, where FACTORY() returns a
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
-from dataclasses import replace
-from typing import Any
-
-import torch
-from rich.table import Table
 
 from ..app import arguments
 from ..app.console import console
 from ..app.launch import run_under_torchrun
-from ..ddp.distributed import init_distributed, launched_by_torchrun, shutdown
-from ..errors import DdpGraphUsageError, usage_error
-from .compare import fill_speedups, summary
-from .measure import Settings
-from .plot import plot_formats, plot_speedups
-from .presets import PRESETS
-from .registry import registered, select
-from .schema import Report, StrategyResult
-from .stats import default_window
-from .strategies import RECIPE_WARMUP_ITERATIONS
-from .suite import Plan, describe_setup, make_report, run_suite
-from .table import markdown
-from .terminal import output_console, terminal_tables
-from .varlen_plan import MIN_WARMUP as VARLEN_MIN_WARMUP
-from .varlen_plan import VarLen, parse_varlen, sized
-from .varlen_report import is_varlen, plot_varlen, varlen_markdown, varlen_summary, varlen_terminal
-from .varlen_rows import run_varlen
-from .workloads import (
-    CPU_DEFAULT_BATCH_SIZES,
-    CPU_DEFAULTS_NOTE,
-    DEFAULT_BATCH_SIZES,
-    cpu_default_models,
-    parse_batch_sizes,
-    resolve_models,
-)
-
-DEFAULT_MODELS = "gpt,resnet18"
-# Captured strategies run 11 eager DDP iterations and capture on the 12th call; timing
-# must start after that.
-MIN_WARMUP = RECIPE_WARMUP_ITERATIONS + 1
-# The variable-length case's per-GPU batch: launch-bound, where graphs matter.
-VARLEN_BATCH, VARLEN_CPU_BATCH = 8, 4
-VARLEN_CPU_NOTE = (
-    "No CUDA here: the variable-length case runs its eager rows and its capture_step rows "
-    "emulated on CPU (no CUDA graphs); reduce-overhead and compile rows need CUDA. The times "
-    "check the setup, not the speed."
-)
+from ..ddp.process import cuda_available, launched_by_torchrun
+from ..errors import DdpGraphUsageError
+from .choice import DEFAULT_MODELS, Choice, choose
+from .names import PRESET_PACKAGES
+from .settings import MIN_WARMUP, Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,8 +53,9 @@ def _what_runs(parser: argparse.ArgumentParser) -> None:
         "--model",
         default=None,
         help=(
-            f"comma-separated built-in names (gpt, mlp, resnet18), presets ({', '.join(PRESETS)}) "
-            f"or MODULE:FACTORY (default: {DEFAULT_MODELS}; without CUDA, CPU-sized gpt and mlp)"
+            "comma-separated built-in names (gpt, mlp, resnet18), presets "
+            f"({', '.join(PRESET_PACKAGES)}) or MODULE:FACTORY (default: {DEFAULT_MODELS}; "
+            "without CUDA, CPU-sized gpt and mlp)"
         ),
     )
     parser.add_argument(
@@ -203,41 +164,31 @@ def _where_and_output(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, argv: list[str]) -> int:
+    # The worker part is imported inside the function, not at the top: it imports torch,
+    # which the launching process (parse, check, start torchrun) never needs.
     if args.list_strategies:
+        from .worker import strategy_table
+
         console().print(strategy_table())
         return 0
     try:
-        plan = plan_from_args(args)
+        chosen = choose(args)
     except DdpGraphUsageError as err:
         return arguments.report(err)
     if not launched_by_torchrun():
-        arguments.say_before_start(slow_runs(plan, args))
+        arguments.say_before_start(slow_runs(chosen, args))
         return run_under_torchrun(["bench", *argv], args.nproc or (2 if args.cpu else None))
-    info = init_distributed(force_cpu=args.cpu)
-    try:
-        setup = describe_setup(info, plan, argv)
-        if info.is_main and plan.note:
-            output_console().print(plan.note)
+    from . import worker
 
-        def save(results: list[StrategyResult]) -> None:
-            if args.json_path:
-                write_json(args.json_path, payload(make_report(setup, results)))
-
-        run = run_varlen if plan.varlen else run_suite
-        results = run(info, plan, on_result=save if info.is_main else None)
-        if info.is_main:
-            publish(make_report(setup, results), args.json_path, args.plot_path)
-    finally:
-        shutdown()
-    return 0
+    return worker.main(chosen, args, argv)
 
 
-def slow_runs(plan: Plan, args: argparse.Namespace) -> list[str]:
+def slow_runs(chosen: Choice, args: argparse.Namespace) -> list[str]:
     """What in the plan takes minutes where it will run, said before it starts: more CPU
     processes than cores, and GPU-sized preset models on CPU."""
     said = [arguments.crowded_cores(args.nproc, args.cpu)]
-    if not (torch.cuda.is_available() and not args.cpu):
-        big = [m.name for m in plan.models if m.name in PRESETS]
+    if not (cuda_available() and not args.cpu):
+        big = [m.name for m in chosen.models if m.name in PRESET_PACKAGES]
         if big:
             said.append(
                 f"{', '.join(big)} {'is a' if len(big) == 1 else 'are'} GPU-sized "
@@ -246,154 +197,3 @@ def slow_runs(plan: Plan, args: argparse.Namespace) -> list[str]:
                 "which check the setup in about a minute)"
             )
     return [s for s in said if s]
-
-
-def plan_from_args(args: argparse.Namespace) -> Plan:
-    """Check every argument before any worker starts, and turn them into a plan."""
-    arguments.at_least("--steps", args.steps, 1)
-    arguments.at_least(
-        "--warmup",
-        args.warmup,
-        MIN_WARMUP,
-        f"captured strategies run {RECIPE_WARMUP_ITERATIONS} eager DDP iterations and "
-        "capture on the next call; timing starts after that",
-    )
-    arguments.at_least("--profile-steps", args.profile_steps, 0)
-    arguments.at_least("--loader-workers", args.loader_workers, 0)
-    arguments.process_count(args.nproc, args.cpu)
-    arguments.output_file("--json", args.json_path, "bench.json")
-    arguments.output_file("--plot", args.plot_path, "bench.png", plot_formats())
-    on_cuda = torch.cuda.is_available() and not args.cpu
-    cpu_defaults = args.model is None and not on_cuda
-    names = strategy_names(args.strategies)
-    varlen = parse_varlen(args.seq_lens, args.buckets, names)
-    if varlen is not None:
-        return varlen_plan_from(args, varlen, settings_from(args), on_cuda)
-    if cpu_defaults:
-        models = cpu_default_models()
-    else:
-        models = resolve_models([m for m in (args.model or DEFAULT_MODELS).split(",") if m.strip()])
-    if not models:
-        raise usage_error(
-            "`--model`",
-            "expected at least one model, got none",
-            f"for example `--model {DEFAULT_MODELS}`",
-        )
-    settings = settings_from(args)
-    defaults = CPU_DEFAULT_BATCH_SIZES if cpu_defaults else DEFAULT_BATCH_SIZES
-    return Plan(
-        models,
-        parse_batch_sizes(args.batch_sizes, models, defaults),
-        select(names),
-        settings,
-        args.amp,
-        note=CPU_DEFAULTS_NOTE if cpu_defaults else None,
-    )
-
-
-def strategy_names(text: str | None) -> list[str] | None:
-    """The names given to `--strategies`; None for every available one."""
-    if text in (None, "all"):
-        return None
-    return [s.strip() for s in text.split(",") if s.strip()]
-
-
-# Under the table of `--list-strategies`: where the names come from.
-NAMES_CAPTION = (
-    "The names are make_step's (`make_step(strategy=...)`); `torch-compile` and `recipe` are "
-    "references make_step does not offer."
-)
-
-
-def settings_from(args: argparse.Namespace) -> Settings:
-    return Settings(
-        steps=args.steps,
-        warmup=args.warmup,
-        window=default_window(args.steps),
-        profile_steps=args.profile_steps,
-        dataloader=args.data_loader,
-        loader_workers=args.loader_workers,
-    )
-
-
-def varlen_plan_from(
-    args: argparse.Namespace, varlen: VarLen, settings: Settings, on_cuda: bool
-) -> Plan:
-    """The variable-length case: sequence models only (gpt by default), batch 8 (4 on CPU)."""
-    specs = [m for m in (args.model or "gpt").split(",") if m.strip()]
-    models = [
-        sized(m, varlen.high, cpu_sized=args.model is None and not on_cuda)
-        for m in resolve_models(specs)
-    ]
-    batch = VARLEN_BATCH if on_cuda else VARLEN_CPU_BATCH
-    sizes = parse_batch_sizes(args.batch_sizes, models, {m.name: [batch] for m in models})
-    note = None if on_cuda else VARLEN_CPU_NOTE
-    # Device feed only: the DataLoader feed would start every capture again on pinned inputs.
-    settings = replace(settings, dataloader=False, warmup=max(settings.warmup, VARLEN_MIN_WARMUP))
-    return Plan(
-        models,
-        sizes,
-        select(["eager", "reduce-overhead"]),
-        settings,
-        args.amp,
-        note=note,
-        varlen=varlen,
-    )
-
-
-def strategy_table() -> Table:
-    table = Table(
-        title="ddpgraph bench strategies",
-        title_justify="left",
-        caption=NAMES_CAPTION,
-        caption_justify="left",
-    )
-    for header in ("name", "what it runs", "on CPU"):
-        table.add_column(header)
-    for s in registered():
-        where = s.skip_reason(on_cuda=False) or "runs"
-        table.add_row(s.name, s.summary, where)
-    return table
-
-
-def payload(report: Report) -> dict[str, Any]:
-    """The JSON document: results with speedups filled in, summary and Markdown tables."""
-    fill_speedups(report)
-    if is_varlen(report):
-        rows = varlen_summary(report)
-        return report.to_dict(summary=rows, markdown=varlen_markdown(report, rows))
-    rows = summary(report)
-    return report.to_dict(summary=rows, markdown=markdown(report, rows))
-
-
-def write_json(path: str, data: dict[str, Any]) -> None:
-    """Write atomically: a run stopped mid-way leaves the last complete file."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
-    os.replace(tmp, path)
-
-
-def publish(report: Report, json_path: str | None, plot_path: str | None) -> None:
-    data = payload(report)
-    out = output_console()
-    tables = varlen_terminal if is_varlen(report) else terminal_tables
-    for part in tables(report, data["summary"]):
-        out.print(part)
-    if json_path:
-        write_json(json_path, data)
-        out.print(f"Results written to {json_path}")
-    if plot_path:
-        if (plot_varlen if is_varlen(report) else plot_speedups)(report, plot_path):
-            out.print(f"Plot written to {plot_path}")
-        else:
-            why = (
-                "without CUDA the captures are emulated on CPU, whose times are no GPU speed-up"
-                if report.emulated
-                else (
-                    "nothing was captured (an eager row's speedup is noise), "
-                    "or eager DDP did not run"
-                )
-            )
-            print(f"{plot_path} has no lines: {why}.", file=sys.stderr)

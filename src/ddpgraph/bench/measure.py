@@ -23,7 +23,6 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -36,28 +35,13 @@ from .control import Control, PhaseFailed, short_error
 from .feeds import Batch, device_feed, loader_feed
 from .registry import Strategy
 from .schema import FEED_TITLES, FeedResult, StrategyResult
+from .settings import Settings
 from .stats import Measurement, ratio, windows
 
 MIB = 1024 * 1024
 # The DataLoader warm-up is repeated until a strategy captured on the device feed has
 # captured again, at most this many times in all.
 LOADER_WARMUP_ROUNDS = 3
-
-
-@dataclass(frozen=True)
-class Settings:
-    steps: int = 60  # timed steps per feed
-    warmup: int = 20  # untimed steps before timing the device feed
-    window: int = 5  # steps per timing window
-    profile_steps: int = 5  # steps under the profiler (0: no GPU-busy figure)
-    dataloader: bool = True
-    loader_warmup: int = 8  # untimed DataLoader steps (room for a second capture)
-    # As training scripts set their loaders up: worker processes, pinned batches.
-    loader_workers: int = 4
-
-    @property
-    def timed_steps(self) -> int:
-        return sum(windows(self.steps, self.window))
 
 
 def run_strategy(

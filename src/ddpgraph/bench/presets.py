@@ -29,8 +29,8 @@ from typing import Any
 from torch import nn
 
 from ..app.models import GPTConfig, Workload, cnn_workload, gpt_workload
-from ..errors import usage_error
 from . import family_presets
+from .names import PRESET_PACKAGES, preset_unavailable
 from .preset_shapes import IMAGE_SIZE, IMAGENET_CLASSES, SEQ_LEN, CausalLMLogits
 
 # The Llama of the presets; intermediate_size is 3× the hidden size, the ratio of
@@ -110,24 +110,20 @@ def _family(builder: str) -> Callable[[], Workload]:
     return make
 
 
-_FAMILIES = (
-    Preset("hf-bert", "transformers", _family("hf_bert")),
-    Preset("hf-moe", "transformers", _family("hf_moe")),
-    Preset("hf-moe-bf16", "transformers", _family("hf_moe_bf16")),
-    Preset("tv-syncbn", "torchvision", _family("tv_syncbn")),
-    Preset("hf-gpt2-ckpt", "transformers", _family("hf_gpt2_ckpt")),
-)
-
-
+# What builds each preset; `names.PRESET_PACKAGES` has their order and their libraries.
+_MAKERS: dict[str, Callable[[], Workload]] = {
+    "hf-gpt2": hf_gpt2,
+    "hf-llama": hf_llama,
+    "timm-vit": timm_vit,
+    "tv-resnet50": tv_resnet50,
+    "hf-bert": _family("hf_bert"),
+    "hf-moe": _family("hf_moe"),
+    "hf-moe-bf16": _family("hf_moe_bf16"),
+    "tv-syncbn": _family("tv_syncbn"),
+    "hf-gpt2-ckpt": _family("hf_gpt2_ckpt"),
+}
 PRESETS: dict[str, Preset] = {
-    p.name: p
-    for p in (
-        Preset("hf-gpt2", "transformers", hf_gpt2),
-        Preset("hf-llama", "transformers", hf_llama),
-        Preset("timm-vit", "timm", timm_vit),
-        Preset("tv-resnet50", "torchvision", tv_resnet50),
-        *_FAMILIES,
-    )
+    name: Preset(name, package, _MAKERS[name]) for name, package in PRESET_PACKAGES.items()
 }
 
 
@@ -137,11 +133,5 @@ def preset_workload(name: str) -> Workload:
     try:
         importlib.import_module(preset.package)
     except Exception as err:  # absent, or a build that does not match this torch
-        raise usage_error(
-            f"`--model {name}`",
-            f"expected the `{preset.package}` package, which builds this preset, to import; "
-            f"it did not ({type(err).__name__}: {err})",
-            f"install it (`pip install {preset.package}`) beside this torch, or leave "
-            f"{name} out of --model",
-        ) from err
+        raise preset_unavailable(name, preset.package, f"{type(err).__name__}: {err}") from err
     return preset.make()

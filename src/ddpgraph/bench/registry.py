@@ -6,7 +6,8 @@ implementation does not exist yet is registered with `build=None` and the reason
 it shows up in listings and results instead of being silently absent. Register more
 with `register_strategy`.
 
-The built-in names are `make_step`'s (`strategies/names.py`).
+The built-in names are `make_step`'s (`strategies/names.py`); `names.BUILT_IN_STRATEGIES`
+lists them in the registry's order, for the checks made before any strategy is imported.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 
 from ..errors import usage_error
 from .case import Case, Runner
+from .names import check_strategy_names
 
 
 @dataclass(frozen=True)
@@ -72,12 +74,6 @@ def select(names: Sequence[str] | None) -> list[Strategy]:
     """The strategies named (in registry order), or every available one for None."""
     if names is None:
         return [s for s in _REGISTRY.values() if s.available]
-    unknown = [n for n in names if n not in _REGISTRY]
-    if unknown:
-        raise usage_error(
-            "`--strategies`",
-            f"expected names from {', '.join(_REGISTRY)}, got {', '.join(map(repr, unknown))}",
-            "run `ddpgraph bench --list-strategies` to see them with what each does",
-        )
+    check_strategy_names(names, list(_REGISTRY))
     wanted = set(names)
     return [s for s in _REGISTRY.values() if s.name in wanted]

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..app.reference_step import Timing
+if TYPE_CHECKING:  # reference_step imports torch; `ddpgraph bench`'s checks read this module
+    from ..app.reference_step import Timing
 
 # Chrome-trace categories of device activity that count as GPU work. Device-to-device
 # copies count: DDP moves every gradient into and out of its buckets with cudaMemcpyAsync,

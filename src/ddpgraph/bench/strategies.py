@@ -37,10 +37,7 @@ from ..strategies import StrategyName, make_step
 from ..strategies import TrainStep as GraphedStep
 from .case import LEARNING_RATE, Case, Runner, StepFn
 from .registry import Strategy, register_strategy
-
-# PyTorch's recipe: DDP's reducer samples host-synchronising statistics on iterations
-# 1-10, so 11 eager iterations must run before the capture.
-RECIPE_WARMUP_ITERATIONS = 11
+from .settings import RECIPE_WARMUP_ITERATIONS
 
 _COMPILE_ON_CPU = (
     "not run on CPU: inductor's CPU compile takes minutes, and the comparison is about GPUs"

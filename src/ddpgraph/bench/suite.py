@@ -24,9 +24,10 @@ from ..step.step_settings import DEFAULT_STEP_SETTINGS
 from .case import Case
 from .control import Control
 from .feeds import host_batches
-from .measure import Settings, run_strategy
+from .measure import run_strategy
 from .registry import Strategy, registered
 from .schema import Report, StrategyResult
+from .settings import Settings
 from .table import percent, times
 from .throughput import fill_throughput
 from .varlen_plan import VarLen

@@ -1,4 +1,5 @@
-"""The variable-sequence-length case of `ddpgraph bench`: its arguments and its batches.
+"""The variable-sequence-length case of `ddpgraph bench`: its arguments, checked without
+PyTorch before any worker starts (its batches are built by `varlen_data`).
 
     ddpgraph bench --model gpt,hf-gpt2 --seq-lens 64:512 [--buckets 64,128,256,512]
 
@@ -26,17 +27,12 @@ fixed-shape speedup with them (docs/gpu-runs.md, run 33).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from ..app.models import CPU_GPT_CONFIG, GPTConfig, gpt_workload
 from ..errors import usage_error
-from ..family.buckets import choose_buckets, pad_to_bucket
-from .feeds import DATA_SEED, Batch
-from .presets import hf_gpt2, hf_llama
-from .workloads import ModelSpec
+from ..family.bucket_lengths import choose_buckets
+from .names import ModelInfo
 
 LENGTHS_SEED = 4321
 # Warm-up steps (one length each) at least: DDP's 11 iterations and the first capture,
@@ -52,8 +48,6 @@ PADDING_NOTE = (
     "Bucketed rows pad each batch at the end to the next bucket; padded labels are -100 "
     "(cross-entropy's ignore_index), so padding is left out of the loss."
 )
-# Presets built again at the longest length; the longest each model's positions allow.
-_RESIZABLE = {"hf-gpt2": (hf_gpt2, 1024), "hf-llama": (hf_llama, 2048)}
 
 
 @dataclass(frozen=True)
@@ -163,64 +157,33 @@ def _families(names: list[str]) -> tuple[str, ...]:
     return tuple(f for f in FAMILIES if f in names)
 
 
-def sized(model: ModelSpec, high: int, *, cpu_sized: bool) -> ModelSpec:
-    """The workload able to train sequences of `high` tokens; a usage error if none is."""
-    workload = model.workload
-    if workload.unit != "tokens":
+def check_sized(model: ModelInfo, high: int) -> None:
+    """Refuse a model that cannot train sequences of `high` tokens: not a sequence model,
+    a preset whose positions end before `high`, or a factory's shorter batches. The
+    built-in GPT and the presets with `longest` are built again for `high` tokens
+    (`varlen_data.sized`)."""
+    if model.unit != "tokens":
         raise usage_error(
             f"`--seq-lens` with `--model {model.spec}`",
-            f"expected a sequence workload (batches of tokens), got one of {workload.unit}",
+            f"expected a sequence workload (batches of tokens), got one of {model.unit}",
             "use --seq-lens with gpt, hf-gpt2, hf-llama or a MODULE:FACTORY whose "
             f"Workload has unit='tokens', or leave {model.spec} out",
         )
     if model.spec == "gpt":
-        config = CPU_GPT_CONFIG if cpu_sized else GPTConfig()
-        return ModelSpec(model.spec, gpt_workload(replace(config, block=high)))
-    if model.spec in _RESIZABLE:
-        make, longest = _RESIZABLE[model.spec]
-        if high > longest:
+        return
+    if model.longest is not None:
+        if high > model.longest:
             raise usage_error(
                 f"`--seq-lens` with `--model {model.spec}`",
-                f"expected lengths up to the model's {longest} positions, got {high}",
-                f"use a HIGH of at most {longest}",
+                f"expected lengths up to the model's {model.longest} positions, got {high}",
+                f"use a HIGH of at most {model.longest}",
             )
-        return ModelSpec(model.spec, make(seq_len=high))
-    if workload.per_sample < high:
+        return
+    if model.per_sample < high:
         raise usage_error(
             f"`--seq-lens` with `--model {model.spec}`",
-            f"the factory's batches have {workload.per_sample} tokens per sequence, "
+            f"the factory's batches have {model.per_sample} tokens per sequence, "
             f"fewer than the longest length {high}",
             f"make the Workload's batches (and `per_sample`) at least {high} tokens long, "
             "or lower HIGH",
         )
-    return model
-
-
-def step_lengths(varlen: VarLen, count: int, rank: int) -> list[int]:
-    """The per-step lengths of this rank: the same for every row."""
-    gen = torch.Generator().manual_seed(LENGTHS_SEED + rank)
-    return [int(t) for t in torch.randint(varlen.low, varlen.high + 1, (count,), generator=gen)]
-
-
-def varlen_batches(model: ModelSpec, batch_size: int, lengths: list[int], rank: int) -> list[Batch]:
-    """One host batch per length: the workload's batch cut to that length."""
-    gen = torch.Generator().manual_seed(DATA_SEED + rank)
-    out = []
-    for length in lengths:
-        x, y = model.workload.make_batch(batch_size, gen, torch.device("cpu"))
-        full = x.shape[1]
-        out.append((_cut(x, full, length), _cut(y, full, length)))
-    return out
-
-
-def padded(batches: list[Batch], buckets: tuple[int, ...]) -> list[Batch]:
-    """The batches padded at the end to the next bucket (labels -100: not in the loss)."""
-    out = []
-    for x, y in batches:
-        b = pad_to_bucket({"input_ids": x, "labels": y}, buckets)
-        out.append((b["input_ids"], b["labels"]))
-    return out
-
-
-def _cut(t: torch.Tensor, full: int, length: int) -> torch.Tensor:
-    return t[:, :length].contiguous() if t.dim() > 1 and t.shape[1] == full else t

@@ -36,7 +36,8 @@ from .schema import StrategyResult
 from .strategies import EMULATED, StepRunner
 from .suite import Plan, case_count, cases, record_result
 from .throughput import fill_throughput
-from .varlen_plan import AGREE_EVERY, VarLen, padded, step_lengths, varlen_batches
+from .varlen_data import padded, step_lengths, varlen_batches
+from .varlen_plan import AGREE_EVERY, VarLen
 
 _CUDA_GRAPHS = "needs CUDA: it records CUDA graphs"
 _INDUCTOR_ON_CPU = (
@@ -254,7 +255,7 @@ def run_varlen(
     varlen = plan.varlen
     assert varlen is not None
     control = Control.for_backend(info.backend)
-    settings = plan.settings  # device feed only, warm-up of at least MIN_WARMUP (command.py)
+    settings = plan.settings  # device feed only, warm-up of at least MIN_WARMUP (choice.py)
     by_name = {s.name: s for s in plan.strategies}
     sinks: dict[str, dict[str, Any]] = {}
     row_list = rows(varlen, by_name["reduce-overhead"], by_name["eager"], settings.warmup, sinks)

@@ -30,25 +30,8 @@ from torch import nn
 
 from ..app.models import BUILTIN_WORKLOADS, CPU_GPT_CONFIG, Workload, gpt_workload, mlp_workload
 from ..errors import DdpGraphUsageError, usage_error
-from .presets import PRESETS, preset_workload
-
-# Per-GPU batch sizes benchmarked when `--batch-sizes` does not name the model: one
-# where launch overhead dominates, one where the GPU has more work per step.
-DEFAULT_BATCH_SIZES: dict[str, list[int]] = {
-    "gpt": [8, 32],
-    "resnet18": [32, 128],
-    "mlp": [64, 256],
-}
-FALLBACK_BATCH_SIZES = [8, 32]
-# Without CUDA: the GPU-sized models take many minutes per strategy on CPU processes.
-CPU_DEFAULT_BATCH_SIZES: dict[str, list[int]] = {"gpt": [4, 16], "mlp": [16, 64]}
-CPU_DEFAULTS_NOTE = (
-    "No CUDA here: CPU-sized default models (gpt: 2 layers, width 64, 32 tokens; mlp: 2 "
-    "layers, width 256) and batch sizes gpt 4,16 and mlp 16,64. `--model` and `--batch-sizes` "
-    "choose others. On CPU the `whole` rows are emulated (recorded once and replayed without "
-    "Python by ddpgraph's recording backend): the times check the setup, not the speed, and "
-    "their × eager is marked `emulated`."
-)
+from .names import known_model
+from .presets import preset_workload
 
 _CONTRACT = (
     "the factory takes no arguments and returns a `ddpgraph.app.models.Workload`, or a tuple "
@@ -72,25 +55,10 @@ class ModelSpec:
 def resolve_model(spec: str) -> ModelSpec:
     """Turn one `--model` entry into a workload, checking the factory contract."""
     text = spec.strip()
-    if text in BUILTIN_WORKLOADS:
-        return ModelSpec(text, BUILTIN_WORKLOADS[text]())
-    if text in PRESETS:
-        return ModelSpec(text, preset_workload(text))
-    if ":" not in text:
-        raise usage_error(
-            "`--model`",
-            f"expected one of {', '.join([*BUILTIN_WORKLOADS, *PRESETS])} or MODULE:FACTORY, "
-            f"got {spec!r}",
-            "use a built-in name, or point at your own factory, e.g. "
-            "`--model my_models:make_workload`",
-        )
+    if known_model(spec) is not None:
+        make = BUILTIN_WORKLOADS.get(text)
+        return ModelSpec(text, make() if make is not None else preset_workload(text))
     module_name, _, attr = text.rpartition(":")
-    if not module_name or not attr:
-        raise usage_error(
-            "`--model`",
-            f"expected MODULE:FACTORY with both parts, got {spec!r}",
-            "write it as `package.module:function` or `path/to/file.py:function`",
-        )
     factory = _load_factory(module_name, attr, text)
     return ModelSpec(text, _as_workload(factory, text))
 
@@ -101,60 +69,6 @@ def cpu_default_models() -> list[ModelSpec]:
         ModelSpec("gpt", gpt_workload(CPU_GPT_CONFIG)),
         ModelSpec("mlp", mlp_workload(dim=64, hidden=256, depth=2)),
     ]
-
-
-def resolve_models(specs: list[str]) -> list[ModelSpec]:
-    models = [resolve_model(s) for s in specs]
-    names = [m.name for m in models]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise usage_error(
-            "`--model`",
-            f"expected each model once, got {', '.join(repeated)} more than once",
-            "list each model once; give a factory's Workload a distinct `name`",
-        )
-    return models
-
-
-def parse_batch_sizes(
-    entries: list[str] | None,
-    models: list[ModelSpec],
-    defaults: dict[str, list[int]] = DEFAULT_BATCH_SIZES,
-) -> dict[str, list[int]]:
-    """`--batch-sizes 8,32` (every model) or `gpt=8,32 resnet18=32,128` (per model)."""
-    chosen: dict[str, list[int]] = {
-        m.name: defaults.get(m.name, FALLBACK_BATCH_SIZES) for m in models
-    }
-    lookup = {m.name: m.name for m in models} | {m.spec: m.name for m in models}
-    for entry in entries or []:
-        target, sep, sizes = entry.rpartition("=")
-        values = _positive_ints(sizes, entry)
-        if not sep:
-            chosen = {name: values for name in chosen}
-        elif target in lookup:
-            chosen[lookup[target]] = values
-        else:
-            raise usage_error(
-                "`--batch-sizes`",
-                f"{entry!r} names model {target!r}, which is not among --model "
-                f"({', '.join(m.name for m in models)})",
-                "write `NAME=8,32` with a NAME from --model, or `8,32` for every model",
-            )
-    return chosen
-
-
-def _positive_ints(text: str, entry: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or any(v < 1 for v in values):
-        raise usage_error(
-            "`--batch-sizes`",
-            f"expected positive integers like `8,32` or `gpt=8,32`, got {entry!r}",
-            "give per-GPU batch sizes separated by commas",
-        )
-    return sorted(dict.fromkeys(values))
 
 
 def _load_factory(module_name: str, attr: str, spec: str) -> Callable[[], Any]:

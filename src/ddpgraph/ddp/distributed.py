@@ -1,5 +1,5 @@
-"""The process's place in the job: launcher detection, process-group setup and shutdown,
-rank-0 output.
+"""The process's place in the job: process-group setup and shutdown (launcher detection
+and the rank, which the launching process reads without torch, live in `process`).
 
 torchrun is the launcher (single node and multi-node alike); this module only reads
 what torchrun sets and initialises the default process group from it.
@@ -27,6 +27,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+# `current_rank` lives in `process`, which the launching process reads without torch;
+# re-exported here, where the library's modules import it from.
+from .process import current_rank as current_rank
+from .process import launched_by_torchrun
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -39,11 +44,6 @@ class DistInfo:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def launched_by_torchrun() -> bool:
-    """True inside a worker that torchrun (or another launcher setting its variables) started."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
 def init_distributed(
@@ -72,10 +72,6 @@ def init_distributed(
     if not dist.is_initialized():
         dist.init_process_group(chosen, timeout=datetime.timedelta(seconds=timeout_s))
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, chosen)
-
-
-def current_rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def shutdown() -> None:

@@ -22,7 +22,6 @@ import sys
 from ..app.console import console
 from ..app.launch import default_nproc
 from ..errors import usage_error
-from . import env as env_module
 from .report import build_report, exit_status, render, render_env
 from .run import run_script, script_exists
 
@@ -67,7 +66,11 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         print(problem, file=sys.stderr)
         return 2
     if args.env:
-        report = env_module.collect()
+        # Imported here, not at the top: collecting the environment imports torch, which
+        # the launching process of `ddpgraph doctor script.py` never needs.
+        from . import env
+
+        report = env.collect()
         if args.json:
             print(json.dumps(report.to_json(), indent=1))
         else:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -29,9 +29,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..findings import Code, Finding, Location, format_ranks, merge_by_code
-from .env import EnvReport
 from .records import RankRecord, RankStatus, finding_to_json
 from .run import RunResult
+
+if TYPE_CHECKING:  # env imports torch, which the launching process never does
+    from .env import EnvReport
 
 SCHEMA = "ddpgraph.doctor.report/1"
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNCHECKED = 0, 1, 3

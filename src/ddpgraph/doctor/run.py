@@ -23,12 +23,11 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from ..app.job import stop_job
 from ..app.launch import torchrun_command
+from ..ddp.process import cuda_available
 from ..findings import Location
-from ..probe.syncs import location_of, user_frame
+from ..probe.code_origin import location_of, user_frame
 from .records import DIR_VARIABLE, RankRecord, RankStatus, read_records, stack_dump_path
 
 _STACK_WAIT_S = 1.5
@@ -63,7 +62,7 @@ def run_script(
     env = dict(os.environ)
     env[DIR_VARIABLE] = directory
     env.setdefault("PYTHONUNBUFFERED", "1")
-    if not torch.cuda.is_available():
+    if not cuda_available():
         # Two CPU workers on a small machine fight over cores with PyTorch's default threads.
         env.setdefault("OMP_NUM_THREADS", "1")
     start = time.monotonic()

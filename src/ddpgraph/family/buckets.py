@@ -8,36 +8,24 @@ positions <= t, so appended positions change nothing before them, and their labe
 are `label_pad` (cross-entropy's `ignore_index`, -100 by default) and their attention
 mask 0, so the mean loss over the tokens that count is the unpadded one. Padding at the
 start would shift every position of a model with learned positions.
+
+`choose_buckets`, exported here, picks the lengths (`bucket_lengths`, without PyTorch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ..errors import usage_error
+from .bucket_lengths import choose_buckets
 
 __all__ = ["bucket_collate", "choose_buckets", "next_bucket", "pad_to_bucket"]
 
 # What each well-known key is padded with; `pad_id` replaces the input ids' value.
 _DEFAULT_PADS = {"attention_mask": 0, "token_type_ids": 0, "position_ids": 0}
-
-
-def choose_buckets(lengths: Iterable[int], count: int = 4, multiple: int = 64) -> tuple[int, ...]:
-    """`count` bucket lengths from the sequence lengths seen: their quantiles rounded up to
-    a multiple of `multiple`; the last one holds the longest length."""
-    seen = sorted(int(n) for n in lengths)
-    if not seen or count < 1 or multiple < 1:
-        raise usage_error(
-            "`choose_buckets`",
-            f"expected some lengths, count >= 1 and multiple >= 1, got {len(seen)} lengths, "
-            f"count={count}, multiple={multiple}",
-            "pass the lengths of a sample of batches",
-        )
-    picks = [seen[min(len(seen) - 1, -(-len(seen) * (i + 1) // count) - 1)] for i in range(count)]
-    return tuple(sorted({-(-n // multiple) * multiple for n in picks}))
 
 
 def next_bucket(length: int, buckets: Sequence[int]) -> int:

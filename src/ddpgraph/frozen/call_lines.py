@@ -34,7 +34,7 @@ def _kind(filename: str) -> int:
 
 def call_line(frame: FrameType | None) -> CallLine | None:
     """The innermost frame of the user's code from `frame` outwards, or the innermost
-    library frame when none is the user's (as `probe.syncs.user_frame` chooses)."""
+    library frame when none is the user's (as `probe.code_origin.user_frame` chooses)."""
     library = None
     while frame is not None:
         code = frame.f_code

@@ -6,11 +6,16 @@ under an installation folder (`site-packages`, `dist-packages`) are libraries, w
 the user does not edit; everything else is the user's own code. A host synchronisation
 inside a library is then reported as a chain, the user's line first, then the library's
 frame and the operation that waited, with a fix that needs no edit of the library.
+
+The user's frame in a stack (`user_frame`) and its line (`location_of`) live here too.
+Nothing here imports torch (its folder comes from its import spec), so the `ddpgraph
+doctor` command's launching process can name the line a stuck rank waits at without it.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import linecache
 import os
 import sys
@@ -19,9 +24,20 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
+from ..findings import Location
 
-TORCH_DIR = os.path.dirname(torch.__file__)
+
+def _torch_dir() -> str:
+    """torch's folder, found without importing torch (the `ddpgraph` command's launching
+    process reads stacks, and never imports it); "" where torch cannot be found."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return ""
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else ""
+
+
+TORCH_DIR = _torch_dir()
 # The package root: this module lives one folder below it.
 _OWN_DIR = os.path.dirname(os.path.dirname(__file__))
 _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")})
@@ -33,7 +49,8 @@ SITE_DIRS = tuple(
 
 
 def under(path: str, dirs: Sequence[str]) -> bool:
-    return any(path == d or path.startswith(d + os.sep) for d in dirs)
+    """`path` is one of `dirs` or inside one ("" stands for no folder, and holds nothing)."""
+    return any(d and (path == d or path.startswith(d + os.sep)) for d in dirs)
 
 
 def is_installed_library(path: str) -> bool:
@@ -121,3 +138,30 @@ def library_call(
     if not inner:
         return None
     return LibraryCall(package_of(inner[-1].filename), inner[-1])
+
+
+def code_frames(stack: Sequence[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """The frames of the user's code or of a library: neither torch, ddpgraph, the
+    standard library nor generated code (`<...>`)."""
+    return [f for f in stack if not f.filename.startswith("<") and not is_platform(f.filename)]
+
+
+def user_frame(stack: Sequence[traceback.FrameSummary]) -> traceback.FrameSummary | None:
+    """The innermost frame of the user's own code.
+
+    Frames in torch, ddpgraph, the standard library and generated code (`<...>`) never
+    count; third-party packages count only when no frame outside them does, so a
+    script that calls into a training library is pointed at its own line.
+    """
+    candidates = code_frames(stack)
+    for frame in reversed(candidates):
+        if not is_installed_library(frame.filename):
+            return frame
+    return candidates[-1] if candidates else None
+
+
+def location_of(frame: traceback.FrameSummary | None) -> Location | None:
+    if frame is None or frame.lineno is None:
+        return None
+    source = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
+    return Location(frame.filename, frame.lineno, source)

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from ..backends.graph import CaptureError
 from ..findings import Code, Finding, Location
-from .syncs import SyncEvent, classify, host_sync_finding, location_of, user_frame
+from .code_origin import location_of, user_frame
+from .syncs import SyncEvent, classify, host_sync_finding
 
 STREAM_WARNING = "AccumulateGrad node's stream does not match"
 # Newer PyTorch raises this from backward instead of letting the capture break.

@@ -15,7 +15,6 @@ the synchronisation that broke a capture is named even when CUDA's error is not.
 from __future__ import annotations
 
 import dataclasses
-import linecache
 import os
 import sys
 import threading
@@ -29,7 +28,15 @@ import torch
 
 from ..findings import Code, Finding, Location
 from .code_origin import TORCH_DIR as _TORCH_DIR
-from .code_origin import LibraryCall, is_installed_library, is_platform, library_call, under
+from .code_origin import (
+    LibraryCall,
+    code_frames,
+    is_installed_library,
+    library_call,
+    location_of,
+    under,
+    user_frame,
+)
 from .library_settings import known_setting
 
 _SYNC_WARNING = "synchronizing CUDA operation"
@@ -99,7 +106,7 @@ def _in_library(event: SyncEvent, finding: Finding) -> bool:
     # in `ddpgraph bench`, or a framework's).
     if finding.code is not Code.HOST_SYNC_IN_CAPTURE:
         return False
-    own = _code_frames(event.stack)
+    own = code_frames(event.stack)
     return bool(own) and is_installed_library(own[-1].filename)
 
 
@@ -134,7 +141,7 @@ def _backward_only(event: SyncEvent, finding: Finding) -> bool:
     return (
         finding.code is Code.HOST_SYNC_IN_CAPTURE
         and engine is not None
-        and not _code_frames(event.stack[engine + 1 :])
+        and not code_frames(event.stack[engine + 1 :])
     )
 
 
@@ -172,33 +179,6 @@ def host_sync_probe(enabled: bool = True) -> Iterator[ProbeResult]:
             yield result
         finally:
             torch.cuda.set_sync_debug_mode(previous_mode)
-
-
-def _code_frames(stack: Sequence[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
-    """The frames of the user's code or of a library: neither torch, ddpgraph, the
-    standard library nor generated code (`<...>`)."""
-    return [f for f in stack if not f.filename.startswith("<") and not is_platform(f.filename)]
-
-
-def user_frame(stack: Sequence[traceback.FrameSummary]) -> traceback.FrameSummary | None:
-    """The innermost frame of the user's own code.
-
-    Frames in torch, ddpgraph, the standard library and generated code (`<...>`) never
-    count; third-party packages count only when no frame outside them does, so a
-    script that calls into a training library is pointed at its own line.
-    """
-    candidates = _code_frames(stack)
-    for frame in reversed(candidates):
-        if not is_installed_library(frame.filename):
-            return frame
-    return candidates[-1] if candidates else None
-
-
-def location_of(frame: traceback.FrameSummary | None) -> Location | None:
-    if frame is None or frame.lineno is None:
-        return None
-    source = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
-    return Location(frame.filename, frame.lineno, source)
 
 
 def user_location(stack: Sequence[traceback.FrameSummary] | None = None) -> Location | None:
