@@ -84,8 +84,10 @@ _EXPORTS = {
 __all__ = sorted([*_EXPORTS, "__version__"])
 
 
-def __getattr__(name: str) -> object:
-    return load_export(__name__, _EXPORTS, name)
+if not TYPE_CHECKING:  # mypy sees the imports above: a misspelt name stays an error there
+
+    def __getattr__(name: str) -> object:
+        return load_export(__name__, _EXPORTS, name)
 
 
 def __dir__() -> list[str]:

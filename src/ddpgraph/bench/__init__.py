@@ -47,10 +47,12 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        from . import strategies  # noqa: F401  (registers the built-in strategies)
-    return load_export(__name__, _EXPORTS, name)
+if not TYPE_CHECKING:  # mypy sees the imports above: a misspelt name stays an error there
+
+    def __getattr__(name: str) -> object:
+        if name in _EXPORTS:
+            from . import strategies  # noqa: F401  (registers the built-in strategies)
+        return load_export(__name__, _EXPORTS, name)
 
 
 def __dir__() -> list[str]:
