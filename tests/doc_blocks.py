@@ -3,10 +3,12 @@
 What a block is, from its fence's language:
 
 * ``python``: a script. Every Python block of a file runs, in order, each in a fresh
-  namespace, in one torchrun launch of 2 gloo processes on CPU (tests/dist) or one
-  process per GPU over NCCL (tests/gpu); run as `python this_file.py --out DIR FILE.md...`
-  under torchrun. The CPU test runs every file in one launch, each file's blocks in a
-  folder of its own; blocks of later files see the processes the earlier ones left.
+  namespace, the ranks meeting after each, in a folder of the file's own. On CPU
+  (tests/dist) every file's blocks are scenarios of the suite's shared launch of 2 gloo
+  processes (tests/scenarios/doc_python_blocks.py), after its other scenarios; on GPUs
+  (tests/gpu) a file's blocks run in a launch of their own, one process per GPU over
+  NCCL, as `python this_file.py --out DIR FILE.md` under torchrun. Blocks of later files
+  see the processes the earlier ones left.
 * ``bash`` / ``sh`` / ``shell``: commands a user types. Each command (lines joined at a
   trailing backslash; `#` comment lines skipped) runs in a copy of the repository, in a
   virtual environment of its own that sees the installed packages (so `pip install -e .`
@@ -99,6 +101,15 @@ def run_by(test_file: str) -> list[Block]:
 def documents() -> list[Path]:
     """README.md and every Markdown file under docs/."""
     return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def cpu_documents() -> list[Path]:
+    """The documents with a Python block that runs on CPU."""
+    return [
+        p
+        for p in documents()
+        if any(b.language == "python" and b.runs and not b.gpu_only for b in blocks(p))
+    ]
 
 
 def blocks(path: Path) -> list[Block]:
@@ -265,13 +276,24 @@ def run_commands(block: Block, cwd: Path, env: dict[str, str], timeout: float = 
 
 
 def run_python_blocks(path: Path, out: Path, gpu: bool) -> None:
-    """Inside a torchrun worker: run the file's Python blocks in order, one result each."""
+    """Inside a torchrun worker: run the file's Python blocks in order, one result file
+    each (`block_results`)."""
+    rank = int(os.environ.get("RANK", "0"))
+    for index, result in block_results(path, gpu).items():
+        (out / f"{index}.rank{rank}.json").write_text(json.dumps(result))
+
+
+def block_results(path: Path, gpu: bool) -> dict[str, dict[str, object]]:
+    """Inside a torchrun worker: run the file's Python blocks in order, each in a fresh
+    namespace, the ranks meeting after each; {block's index among the file's Python
+    blocks: {"block": its name, "error": the traceback if it raised}}."""
     import torch.distributed as dist
 
     import ddpgraph
 
-    info = ddpgraph.init_distributed()
+    ddpgraph.init_distributed()
     collector.tune()
+    found: dict[str, dict[str, object]] = {}
     for index, block in enumerate(b for b in blocks(path) if b.language == "python" and b.runs):
         if block.gpu_only and not gpu:
             continue
@@ -282,9 +304,10 @@ def run_python_blocks(path: Path, out: Path, gpu: bool) -> None:
         except BaseException:  # a block's SystemExit is a failure too
             result["error"] = traceback.format_exc()
         _close_steps(namespace)
-        (out / f"{index}.rank{info.rank}.json").write_text(json.dumps(result))
+        found[str(index)] = result
         if dist.is_initialized():
             dist.barrier()
+    return found
 
 
 def _close_steps(namespace: dict[str, object]) -> None:

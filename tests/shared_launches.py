@@ -81,8 +81,13 @@ class _Launch(_Job):
         super().__init__()
 
     def in_background(self, tmp_path_factory: pytest.TempPathFactory) -> Callable[[], None]:
-        out, members = tmp_path_factory.mktemp(self.label), [b for b in self.members if b.selected]
+        out, members = tmp_path_factory.mktemp(self.label), self.ordered(lambda b: b.selected)
         return lambda: self.run(out, members)
+
+    def ordered(self, chosen: Callable[[Batch], bool]) -> list[Batch]:
+        """The members `chosen` keeps, in the order they were added, those asking to run
+        `last` after the others."""
+        return sorted((b for b in self.members if chosen(b)), key=lambda b: b.last)
 
     @property
     def label(self) -> str:
@@ -117,17 +122,19 @@ class Batch:
     script: str
     names: list[str]
     timeout: float
+    last: bool = False  # run after the other members of the launch
     # False once the session's selection (`-k`, a node id) left no test of its module.
     selected: bool = True
 
     def results(self, tmp_path_factory: pytest.TempPathFactory) -> Results:
         """{name: [rank0, rank1, ...]} for this module's names, once its launch has run:
-        the scenarios of every selected module, in the order the modules were imported."""
+        the scenarios of every selected module, in the order the modules were imported
+        (those asking to run `last` after the others)."""
         launch = self.launch
         launch.wait_for(
             lambda: launch.run(
                 tmp_path_factory.mktemp(launch.label),
-                [b for b in launch.members if b.selected or b is self],
+                launch.ordered(lambda b: b.selected or b is self),
             )
         )
         why = f"raised {launch.error}" if launch.error else "left this module out"
@@ -144,10 +151,13 @@ def batched(
     *,
     nproc: int,
     timeout: float,
+    last: bool = False,
 ) -> Batch:
     """`run_scenarios(script, names, ...)`, run later in one launch with the scenarios of
     every other module that asks for the same `nproc` (a script whose scenarios need a
-    shorter process-group timeout says so itself: `harness.with_group_timeout`).
+    shorter process-group timeout says so itself: `harness.with_group_timeout`); `last`:
+    after the scenarios of the modules that do not ask for it, so that what they leave in
+    the processes reaches none of those.
 
     Call it when the module is imported: pytest imports every test module before it runs
     any test, so the launch holds all of them. Its time limit is the sum of the members'
@@ -155,7 +165,7 @@ def batched(
     launch = _launches.get(nproc)
     if launch is None or launch.claimed:
         launch = _launches[nproc] = _Launch(nproc)
-    batch = Batch(launch, script, list(names), timeout)
+    batch = Batch(launch, script, list(names), timeout, last)
     launch.members.append(batch)
     _batches.append(batch)
     return batch

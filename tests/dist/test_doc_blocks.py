@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 import doc_blocks
-from doc_blocks import REPO, Block, blocks, documents
-from shared_launches import prefetched_in
+from doc_blocks import REPO, Block, blocks, cpu_documents, documents
+from shared_launches import batched, prefetched_in
 
 pytestmark = pytest.mark.multiprocess
 ALL = [b for p in documents() for b in blocks(p)]
@@ -58,51 +58,48 @@ def test_excerpts_are_lines_of_their_files(block: Block) -> None:
     assert doc_blocks.excerpt_problems(block) == []
 
 
-def _python_files() -> list[Path]:
-    return [
-        p
-        for p in documents()
-        if any(b.language == "python" and b.runs and not b.gpu_only for b in blocks(p))
-    ]
-
-
-# The runner's own check: a block that raises on one rank only, a gpu-only block, a setup.
-RUNNER_DOC = (
-    "```python\nimport torch.distributed as dist\n"
-    "assert dist.get_rank() == 0, 'not rank 0'\n```\n\n"
-    "<!-- doc-test: gpu-only -->\n```python\nraise SystemExit(3)\n```\n\n"
-    "<!-- doc-test: setup\nvalue = 41\n-->\n```python\nassert value + 1 == 42\n```\n"
+# Every document's Python blocks, and the runner's own check, in the shared two-process
+# launch, after its other scenarios (tests/scenarios/doc_python_blocks.py).
+DOCUMENTS = cpu_documents()
+LAUNCH = batched(
+    "doc_python_blocks.py",
+    [*(p.stem for p in DOCUMENTS), "runner"],
+    nproc=2,
+    timeout=600,
+    last=True,
 )
-Launched = dict[Path, dict[str, list[dict[str, Any]]]]
 
 
-def _launch_python_blocks(root: Path) -> tuple[Launched, Path]:
-    """Every file's Python blocks and the runner's own document, in one torchrun launch
-    (the runner's document last: its failing block must not hide the others' results)."""
-    doc = root / "doc.md"
-    doc.write_text(RUNNER_DOC)
-    return doc_blocks.launch_documents(
-        [*_python_files(), doc], root / "out", nproc=2, gpu=False
-    ), doc
+def _by_block(ranks: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """{block name: each rank's result} of one document's scenario; the scenario's own
+    error where a rank has no block results."""
+    if any("blocks" not in r for r in ranks):
+        return {"(the document's run)": ranks}
+    return {
+        result["block"]: [r["blocks"][index] for r in ranks]
+        for index, result in ranks[0]["blocks"].items()
+    }
 
 
-# Both run in the background while other tests run (tests/shared_launches.py).
-LAUNCHED = prefetched_in("doc_blocks", _launch_python_blocks)
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    return LAUNCH.results(tmp_path_factory)
 
 
-@pytest.mark.parametrize("path", _python_files(), ids=lambda p: str(p.relative_to(REPO)))
-def test_python_blocks_run_on_two_cpu_processes(path: Path) -> None:
-    results = LAUNCHED.result()[0][path]
-    assert results and doc_blocks.failures(results) == ""
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_python_blocks_run_on_two_cpu_processes(path: Path, launched: Any) -> None:
+    results = _by_block(launched[path.stem])
+    ran = [b.name for b in blocks(path) if b.language == "python" and b.runs and not b.gpu_only]
+    assert sorted(results) == sorted(ran)
+    assert doc_blocks.failures(results) == ""
 
 
-def test_a_failing_block_and_a_gpu_only_block() -> None:
+def test_a_failing_block_and_a_gpu_only_block(launched: Any) -> None:
     """The runner reports a block that raises on one rank only, runs the blocks after it,
     and leaves gpu-only blocks to the GPU test."""
-    found, doc = LAUNCHED.result()
-    results = found[doc]
-    assert list(results) == [f"{doc}:1", f"{doc}:14"]
-    first, last = results[f"{doc}:1"], results[f"{doc}:14"]
+    results = _by_block(launched["runner"])
+    assert [name.rsplit("/", 1)[-1] for name in results] == ["doc.md:1", "doc.md:14"]
+    first, last = results.values()
     assert "error" not in first[0] and "AssertionError: not rank 0" in first[1]["error"]
     assert all("error" not in r for r in last)
 

@@ -35,6 +35,7 @@ from ddpgraph.ddp.distributed import DistInfo, init_distributed
 Scenario = Callable[[DistInfo], dict[str, Any]]
 RECORDING = "recording"
 _variant = {"backend": "pass-through"}
+_out: list[str] = []  # the launch's --out folder
 # The process group's timeout: the launch's own (DDPGRAPH_TEST_PG_TIMEOUT), or a shorter
 # one for the scenarios of `with_group_timeout`.
 _GROUP_TIMEOUT_S = {"launch": 120.0}
@@ -86,6 +87,11 @@ def _under_timeout(scenario: Scenario, seconds: float) -> Scenario:
     return run
 
 
+def out_dir() -> str:
+    """The folder the launch writes its results to (`--out`), for a scenario's own files."""
+    return _out[0]
+
+
 def split_name(name: str) -> tuple[str, str]:
     """("recording", "x") for "recording:x"; ("pass-through", "x") for "x"."""
     kind, _, base = name.rpartition(":")
@@ -108,6 +114,7 @@ def run(registry: dict[str, Scenario] | Callable[[list[str]], dict[str, Scenario
     collector.settle()
     collector.tune()
     os.makedirs(args.out, exist_ok=True)
+    _out[:] = [os.path.abspath(args.out)]
     for name in args.names or list(registry):
         _variant["backend"], base = split_name(name)
         started, cpu = time.monotonic(), time.process_time()
