@@ -102,3 +102,13 @@ def test_the_launch_thread_helps_with_the_calls_and_waiting_runs_go_beside(
     for thread in threads:
         thread.join()
     assert [first.result(), second.result()] == [1, 3] and sorted(ran) == [1, 3]
+
+
+def test_a_batch_asking_to_run_last_runs_after_the_others_of_its_launch() -> None:
+    launch = shared_launches._Launch(5)
+    late = shared_launches.Batch(launch, "late.py", ["a"], 1.0, last=True)
+    first = shared_launches.Batch(launch, "first.py", ["b"], 1.0)
+    unselected = shared_launches.Batch(launch, "other.py", ["c"], 1.0, selected=False)
+    second = shared_launches.Batch(launch, "second.py", ["d"], 1.0)
+    launch.members[:] = [late, first, unselected, second]
+    assert launch.ordered(lambda b: b.selected) == [first, second, late]
