@@ -118,7 +118,10 @@ def _scratch(root: Path) -> tuple[Path, dict[str, str]]:
         ),
     )
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    # No pip of its own: the outer one, which it sees, installs into it.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300
+    )
     [packages] = list((venv / "lib").glob("python*/site-packages"))
     (packages / "outer_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     env = {
