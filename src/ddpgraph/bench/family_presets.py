@@ -106,19 +106,20 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def hf_bert(seq_len: int = BERT_SEQ_LEN, **config: Any) -> Workload:
-    from transformers import BertConfig, BertForMaskedLM
+    from transformers.models.auto import AutoConfig, AutoModelForMaskedLM
 
-    cfg = BertConfig(
+    cfg = AutoConfig.for_model(
+        "bert",
         **{
             **BERT,
             "attn_implementation": "sdpa",
             "max_position_embeddings": max(512, seq_len),
             **config,
-        }
+        },
     )
 
     def build() -> nn.Module:
-        return MaskedLMLogits(BertForMaskedLM(cfg))
+        return MaskedLMLogits(AutoModelForMaskedLM.from_config(cfg))
 
     return Workload(
         "hf-bert",
@@ -131,9 +132,9 @@ def hf_bert(seq_len: int = BERT_SEQ_LEN, **config: Any) -> Workload:
 
 
 def hf_moe(seq_len: int = SEQ_LEN, *, dtype: torch.dtype | None = None, **config: Any) -> Workload:
-    from transformers import AutoModelForCausalLM, MixtralConfig
+    from transformers.models.auto import AutoConfig, AutoModelForCausalLM
 
-    cfg = MixtralConfig(**{**MIXTRAL, "attn_implementation": "sdpa", **config})
+    cfg = AutoConfig.for_model("mixtral", **{**MIXTRAL, "attn_implementation": "sdpa", **config})
 
     def build() -> nn.Module:
         model = AutoModelForCausalLM.from_config(cfg)
@@ -167,10 +168,11 @@ def enable_checkpointing(model: nn.Module, *, reentrant: bool) -> None:
 
 
 def hf_gpt2_ckpt(seq_len: int = SEQ_LEN, *, reentrant: bool = False, **config: Any) -> Workload:
-    from transformers import AutoModelForCausalLM, GPT2Config
+    from transformers.models.auto import AutoConfig, AutoModelForCausalLM
 
-    cfg = GPT2Config(
-        **{**GPT2_CKPT, "attn_implementation": "sdpa", "n_positions": max(1024, seq_len), **config}
+    cfg = AutoConfig.for_model(
+        "gpt2",
+        **{**GPT2_CKPT, "attn_implementation": "sdpa", "n_positions": max(1024, seq_len), **config},
     )
 
     def build() -> nn.Module:

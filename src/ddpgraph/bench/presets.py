@@ -46,22 +46,24 @@ LLAMA: dict[str, Any] = {
 
 
 def hf_gpt2(seq_len: int = SEQ_LEN, **config: Any) -> Workload:
-    """GPT-2 from `transformers.GPT2Config(**config)` (124M by default)."""
-    from transformers import GPT2Config
+    """GPT-2 from its `GPT2Config(**config)` (124M by default), made through the auto
+    classes (`AutoConfig.for_model("gpt2", ...)`)."""
+    from transformers.models.auto import AutoConfig
 
-    return _causal_lm("hf-gpt2", GPT2Config(**{"attn_implementation": "sdpa", **config}), seq_len)
+    cfg = AutoConfig.for_model("gpt2", **{"attn_implementation": "sdpa", **config})
+    return _causal_lm("hf-gpt2", cfg, seq_len)
 
 
 def hf_llama(seq_len: int = SEQ_LEN, **config: Any) -> Workload:
-    """A Llama from `transformers.LlamaConfig`: `LLAMA`, updated by `config`."""
-    from transformers import LlamaConfig
+    """A Llama from its `LlamaConfig` (through `AutoConfig`): `LLAMA`, updated by `config`."""
+    from transformers.models.auto import AutoConfig
 
     merged = {**LLAMA, "attn_implementation": "sdpa", **config}
-    return _causal_lm("hf-llama", LlamaConfig(**merged), seq_len)
+    return _causal_lm("hf-llama", AutoConfig.for_model("llama", **merged), seq_len)
 
 
 def _causal_lm(name: str, config: Any, seq_len: int) -> Workload:
-    from transformers import AutoModelForCausalLM
+    from transformers.models.auto import AutoModelForCausalLM
 
     def build() -> nn.Module:
         return CausalLMLogits(AutoModelForCausalLM.from_config(config))
