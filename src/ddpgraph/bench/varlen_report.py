@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from rich.console import RenderableType
 from rich.table import Table
 
@@ -277,6 +275,11 @@ def plot_varlen(report: Report, path: str) -> bool:
     cases = [(m, b) for m in report.models for b in report.batch_sizes(m)]
     if not cases:
         return False
+    # matplotlib is imported by the rank that draws, when it draws: every other worker of
+    # the benchmark starts without it.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     summaries = {(s["model"], s["batch_size"]): s for s in varlen_summary(report)}
     figure = Figure(figsize=(6.0, 3.2 * len(cases)), constrained_layout=True)
     FigureCanvasAgg(figure)

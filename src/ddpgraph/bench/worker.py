@@ -17,7 +17,6 @@ from ..ddp.distributed import init_distributed, shutdown
 from . import strategies as _builtin  # noqa: F401  (registers the built-in strategies)
 from .choice import Choice, choose
 from .compare import fill_speedups, summary
-from .plot import plot_speedups
 from .registry import registered, select
 from .schema import Report, StrategyResult
 from .suite import Plan, describe_setup, make_report, run_suite
@@ -128,6 +127,9 @@ def publish(report: Report, json_path: str | None, plot_path: str | None) -> Non
         write_json(json_path, data)
         out.print(f"Results written to {json_path}")
     if plot_path:
+        # matplotlib, which the plot imports, only where a plot is drawn (rank 0, --plot).
+        from .plot import plot_speedups
+
         if (plot_varlen if is_varlen(report) else plot_speedups)(report, plot_path):
             out.print(f"Plot written to {plot_path}")
         else:
