@@ -1,6 +1,8 @@
-"""mypy over the package, started in the background when the session has collected its
-test (tests/unit/test_code_quality.py), so that its half-minute of CPU fills the time the
-multi-process tests spend waiting rather than adding to the suite's.
+"""mypy over the package, started in the background as the session starts, before
+collection, where the session may select its test (tests/unit/test_code_quality.py), and
+stopped if it did not: collection keeps one core busy for some seconds, and mypy, the
+longest single job, takes the other; its half-minute of CPU then fills time that the
+other tests leave rather than adding to the suite's.
 
 It runs at a low priority while other tests run, so that it takes mostly CPU they leave
 unused; once its test waits for it, it gets the normal priority back where the system lets
@@ -18,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+TEST_FILE = REPO / "tests" / "unit" / "test_code_quality.py"
 _running: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
 
 
@@ -26,6 +29,18 @@ _LOW_PRIORITY = 10
 
 def _low_priority() -> None:
     os.nice(_LOW_PRIORITY)
+
+
+def may_run(args: list[str], markexpr: str) -> bool:
+    """Whether a session of these arguments may select mypy's test: before collection, a
+    path among `args` holds its file and the mark expression does not leave out `slow`."""
+    if "not slow" in markexpr:
+        return False
+    for arg in args:
+        path = Path(arg.split("::", 1)[0]).resolve()
+        if path == TEST_FILE or path in TEST_FILE.parents:
+            return True
+    return False
 
 
 def start_mypy() -> None:

@@ -4,11 +4,11 @@
 construction needs one); the autouse fixture destroys any other group a test leaves
 initialised, and the session ends with no group at all.
 
-Once the tests are selected, a hook starts mypy in the background if its test is among
-them (tests/code_checks.py says why), puts the modules that read a shared torchrun launch
-after all the others and leaves out of those launches the scenarios of modules with no
-test selected; the first test starts the launches in the background
-(tests/shared_launches.py says why).
+mypy starts in the background before collection where its test may be selected, and is
+stopped once the tests are selected if it was not (tests/code_checks.py says why). Once
+they are, a hook puts the modules that read a shared torchrun launch after all the others
+and leaves out of those launches the scenarios of modules with no test selected; the
+first test starts the launches in the background (tests/shared_launches.py says why).
 """
 
 from __future__ import annotations
@@ -71,6 +71,11 @@ def _destroy_process_group_at_exit() -> Iterator[None]:
     _owned.clear()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if code_checks.may_run(config.args, config.option.markexpr or ""):
+        code_checks.start_mypy()
+
+
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they leave out
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A stable sort: modules stay whole and in order, those reading background runs last.
@@ -82,6 +87,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     collector.tune()
     if any(item.nodeid.endswith("test_code_quality.py::test_mypy_is_clean") for item in items):
         code_checks.start_mypy()
+    else:
+        code_checks.stop()  # started before collection, for a test not selected
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -49,3 +49,11 @@ def test_ruff_reads_every_python_file_of_the_project() -> None:
 def test_mypy_is_clean() -> None:
     returncode, output = code_checks.mypy_result()
     assert returncode == 0, output
+
+
+def test_mypy_starts_before_collection_only_where_its_test_may_run() -> None:
+    here = str(code_checks.TEST_FILE)
+    assert code_checks.may_run(["tests"], "") and code_checks.may_run([str(REPO)], "")
+    assert code_checks.may_run([f"{here}::test_mypy_is_clean"], "slow")
+    assert not code_checks.may_run(["tests"], "not slow")
+    assert not code_checks.may_run(["tests/dist", "tests/unit/test_layout.py"], "")
