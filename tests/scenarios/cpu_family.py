@@ -19,6 +19,7 @@ from cpu_core import _eager_reference, _setup, _step_fn, _summary
 import ddpgraph
 from ddpgraph.backends.graph import CaptureError, GraphBackend
 from ddpgraph.ddp.distributed import DistInfo
+from ddpgraph.ddp.process import current_rank
 
 SIZES = (8, 5, 3)
 
@@ -42,7 +43,7 @@ def _fail_on(rank: int, nth: int) -> GraphBackend:
     class FailOn(base):  # type: ignore[valid-type, misc]
         def capture(self, fn: Any, **kw: Any) -> Any:
             graph = super().capture(fn, **kw)
-            if ddpgraph.ddp.distributed.current_rank() == rank and self.captures >= nth:
+            if current_rank() == rank and self.captures >= nth:
                 raise CaptureError(None, RuntimeError("injected failure of an added graph"))
             return graph
 

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..errors import DdpGraphError
 from ..findings import Code, Finding
 

@@ -21,7 +21,7 @@ from torch import nn
 from ..agreement.agree import Action, Outcome
 from ..backends.graph import CapturedGraph, CaptureError, CudaGraphBackend, GraphBackend
 from ..ddp import build as ddp_tools
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..inputs.arguments import Signature, StaticInputs, leaf_paths
 from ..inputs.replay import ReplayableGraph
 from ..options import CaptureOptions

@@ -35,7 +35,7 @@ from ..agreement.agree import Action, Decision, Outcome, agree
 from ..agreement.peers import NamingStoppedRanks, NoBoard
 from ..backends.graph import GraphBackend
 from ..ddp import build as ddp_tools
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..ddp.streams import can_run_graphs
 from ..errors import DdpGraphError
 from ..family.graphs import GraphFamily, shared_pool

@@ -13,7 +13,7 @@ import logging
 from dataclasses import replace
 from typing import Literal
 
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..errors import DdpGraphError, usage_error
 from ..errors import warn as warn_user
 from ..findings import Code, Finding

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from ..agreement.agree import Outcome
 from ..ddp import build as ddp_tools
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..inputs.replay import cloned
 from .engine import CaptureEngine
 from .fallback import fall_back

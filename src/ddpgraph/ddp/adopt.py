@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..agreement.agree import Outcome, agree
 from ..findings import Code, Finding
 from . import build as ddp_tools
-from .distributed import current_rank
+from .process import current_rank
 
 Method = Literal["auto", "rebuild", "override"]
 OVERRIDE_SWITCH = "set_override_stale_capture_stream"

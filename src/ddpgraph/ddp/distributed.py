@@ -27,9 +27,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-# `current_rank` lives in `process`, which the launching process reads without torch;
-# re-exported here, where the library's modules import it from.
-from .process import current_rank as current_rank
 from .process import launched_by_torchrun
 
 

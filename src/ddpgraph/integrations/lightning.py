@@ -48,7 +48,7 @@ from ..agreement.agree import Outcome, agree
 from ..capture import CapturedStep, StepState, StepStats, capture_step
 from ..cycle.fallback import OnFailure, fall_back
 from ..ddp.build import model_device
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..findings import Code, Finding
 from ..options import CaptureOptions, CaptureSettings, merge_settings
 

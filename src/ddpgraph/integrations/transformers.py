@@ -48,7 +48,7 @@ from ..backends.graph import GraphBackend
 from ..capture import CapturedStep, StepState, capture_step
 from ..cycle.fallback import OnFailure, fall_back
 from ..ddp.build import model_device, process_group_of
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..findings import Finding
 from ..options import CaptureOptions, merge_settings
 from ..strategies.base import Reason, TrainStep

@@ -28,7 +28,7 @@ from ..agreement.agree import Action, Outcome
 from ..backends.graph import CudaGraphBackend
 from ..cycle.step_state import Captured, Report, StepState, has_peers
 from ..ddp import build as ddp_tools
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..ddp.warmup import (
     step_is_capturable,
     steps_until_capturable,

@@ -26,7 +26,7 @@ from torch import nn
 from ..agreement.agree import Action, Outcome
 from ..cycle.family_capture import FamilySteps
 from ..cycle.step_state import Captured, Report
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..errors import DdpGraphUsageError
 from ..findings import Code, Finding
 from ..frozen.value_checks import ValueChecks

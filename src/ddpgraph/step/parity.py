@@ -34,7 +34,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_leaves
 
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..errors import usage_error
 from ..findings import Code, Finding
 from .same_path import synchronised_at

@@ -19,7 +19,7 @@ from ..backends.graph import CudaGraphBackend
 from ..backends.rng import generators_refusal
 from ..ddp.adopt import apply_adoption
 from ..ddp.build import ForwardCounter
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..ddp.warmup import checked_warmup, default_warmup_steps
 from ..errors import DdpGraphUsageError
 from ..findings import Finding

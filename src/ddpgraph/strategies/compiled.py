@@ -46,7 +46,7 @@ from ..agreement.agree import Action, Outcome, agree
 from ..cycle.step_state import ModuleModes, Report, StepState, StepStats
 from ..ddp import build as ddp_tools
 from ..ddp.build import process_group_of
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..ddp.warmup import default_warmup_steps
 from ..errors import usage_error, warn
 from ..findings import Code, Finding

@@ -45,7 +45,7 @@ from ..agreement.agree import Action, Outcome
 from ..backends.graph import CudaGraphBackend
 from ..cycle.engine import CaptureEngine
 from ..cycle.step_state import Captured, Report, StepState, has_peers
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..ddp.streams import can_run_graphs, capture_stream
 from ..errors import usage_error
 from ..findings import Code, Finding

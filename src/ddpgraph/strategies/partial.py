@@ -36,7 +36,7 @@ from torch import nn
 from ..agreement.agree import Outcome, agree
 from ..backends.capture_mode import default_capture_mode
 from ..ddp.build import inner_module, model_device, process_group_of
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..ddp.streams import can_run_graphs
 from ..errors import DdpGraphError, usage_error
 from ..findings import Code, Finding

@@ -26,7 +26,7 @@ from torch.utils import _pytree as pytree
 from ..agreement.agree import Outcome
 from ..capture import StepState
 from ..ddp import build as ddp_tools
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..ddp.streams import synchronize
 from ..ddp.warmup import MIN_WARMUP_ITERATIONS
 from ..findings import Code, Finding

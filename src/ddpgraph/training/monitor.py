@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from ..ddp.distributed import current_rank
+from ..ddp.process import current_rank
 from ..errors import DdpGraphError, usage_error, warn
 from ..findings import Code, Finding
 
