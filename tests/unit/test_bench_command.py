@@ -9,6 +9,13 @@ import torch
 
 from ddpgraph.app import cli
 from ddpgraph.bench import command, registered, worker
+from ddpgraph.bench.choice import choose
+from ddpgraph.bench.suite import Plan
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    """What the workers build from the arguments, once checked."""
+    return worker.plan_of(choose(args))
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -17,7 +24,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_make_the_published_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    plan = worker.plan_from_args(parse())
+    plan = _plan(parse())
     assert plan.note is None
     assert [m.name for m in plan.models] == ["gpt", "resnet18"]
     assert plan.batch_sizes == {"gpt": [8, 32], "resnet18": [32, 128]}
@@ -29,15 +36,15 @@ def test_defaults_make_the_published_plan(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_without_cuda_the_defaults_are_cpu_sized_and_say_so() -> None:
-    plan = worker.plan_from_args(parse())  # this machine has no GPU, or --cpu below
+    plan = _plan(parse())  # this machine has no GPU, or --cpu below
     if torch.cuda.is_available():
-        plan = worker.plan_from_args(parse("--cpu"))
+        plan = _plan(parse("--cpu"))
     assert plan.batch_sizes == {"gpt": [4, 16], "mlp": [16, 64]}
     gpt = plan.models[0].workload.build()
     assert sum(p.numel() for p in gpt.parameters()) < 200_000  # the GPU default: ~11M
     assert plan.note is not None and plan.note.startswith("No CUDA here: CPU-sized default models")
     # A model named on the command line is taken as it is.
-    chosen = worker.plan_from_args(parse("--cpu", "--model", "resnet18"))
+    chosen = _plan(parse("--cpu", "--model", "resnet18"))
     assert chosen.batch_sizes == {"resnet18": [32, 128]} and chosen.note is None
 
 
@@ -45,16 +52,16 @@ def test_minutes_of_work_on_cpu_are_said_before_the_run(monkeypatch: pytest.Monk
     pytest.importorskip("transformers")
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     args = parse("--cpu", "--nproc", "64", "--model", "hf-gpt2")
-    said = command.slow_runs(worker.plan_from_args(args), args)
+    said = command.slow_runs(_plan(args), args)
     assert len(said) == 2, said
     assert said[0].startswith("--nproc 64 starts 64 CPU processes on 2 cores")
     assert said[1].startswith("hf-gpt2 is a GPU-sized model and there is no GPU here")
     quiet = parse("--cpu", "--nproc", "2")
-    assert command.slow_runs(worker.plan_from_args(quiet), quiet) == []
+    assert command.slow_runs(_plan(quiet), quiet) == []
 
 
 def test_arguments_reach_the_plan() -> None:
-    plan = worker.plan_from_args(
+    plan = _plan(
         parse(
             "--model",
             "mlp",

@@ -12,12 +12,19 @@ import torch
 
 from ddpgraph.app import cli
 from ddpgraph.bench import command, varlen_rows, worker
+from ddpgraph.bench.choice import choose
 from ddpgraph.bench.schema import FeedResult, Report, StrategyResult, validate
+from ddpgraph.bench.suite import Plan
 from ddpgraph.bench.varlen_data import padded, step_lengths, varlen_batches
 from ddpgraph.bench.varlen_plan import FAMILIES, MIN_WARMUP, VarLen, default_buckets
 from ddpgraph.bench.varlen_report import plot_varlen, varlen_markdown, varlen_summary
 from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.family.buckets import next_bucket
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    """What the workers build from the arguments, once checked."""
+    return worker.plan_of(choose(args))
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -112,9 +119,7 @@ def test_default_buckets_pad_less_than_the_longest_and_its_halves() -> None:
 
 
 def test_the_plan_of_a_variable_length_run() -> None:
-    plan = worker.plan_from_args(
-        parse("--cpu", "--seq-lens", "8:48", "--strategies", "whole,eager")
-    )
+    plan = _plan(parse("--cpu", "--seq-lens", "8:48", "--strategies", "whole,eager"))
     assert plan.varlen == VarLen(8, 48, (24, 32, 40, 48), ("eager", "whole"))
     assert [m.name for m in plan.models] == ["gpt"] and plan.batch_sizes == {"gpt": [4]}
     # The CPU-sized gpt, built again to hold the longest length.
@@ -125,7 +130,7 @@ def test_the_plan_of_a_variable_length_run() -> None:
     assert [s.name for s in plan.strategies] == ["eager", "reduce-overhead"]
     # Timed on the device feed only, after a warm-up long enough for each bucket's capture.
     assert plan.settings.warmup == MIN_WARMUP and not plan.settings.dataloader
-    assert worker.plan_from_args(parse("--cpu", "--seq-lens", "8:48")).varlen.families == FAMILIES  # type: ignore[union-attr]
+    assert _plan(parse("--cpu", "--seq-lens", "8:48")).varlen.families == FAMILIES  # type: ignore[union-attr]
 
 
 def test_step_lengths_are_seeded_in_range_and_per_rank() -> None:
@@ -137,7 +142,7 @@ def test_step_lengths_are_seeded_in_range_and_per_rank() -> None:
 
 
 def test_every_row_trains_on_the_same_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = worker.plan_from_args(parse("--cpu", "--seq-lens", "8:32", "--warmup", "12"))
+    plan = _plan(parse("--cpu", "--seq-lens", "8:32", "--warmup", "12"))
     seen: dict[str, list[int]] = {}
 
     def fake_run(
@@ -168,7 +173,7 @@ def test_every_row_trains_on_the_same_lengths(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_padding_keeps_the_tokens_and_masks_the_labels() -> None:
-    plan = worker.plan_from_args(parse("--cpu", "--seq-lens", "8:32"))
+    plan = _plan(parse("--cpu", "--seq-lens", "8:32"))
     cut = varlen_batches(plan.models[0], 4, [9, 17, 32], rank=0)
     assert [x.shape for x, _ in cut] == [(4, 9), (4, 17), (4, 32)]
     for (x, y), (px, py) in zip(cut, padded(cut, (16, 32)), strict=True):
@@ -296,9 +301,7 @@ def test_payload_validates_and_round_trips_through_json(tmp_path: Path) -> None:
 
 def test_presets_are_built_again_for_the_longest_length(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")
-    plan = worker.plan_from_args(
-        parse("--cpu", "--seq-lens", "64:512", "--model", "hf-gpt2,hf-llama")
-    )
+    plan = _plan(parse("--cpu", "--seq-lens", "64:512", "--model", "hf-gpt2,hf-llama"))
     assert [(m.name, m.workload.per_sample) for m in plan.models] == [
         ("hf-gpt2", 512),
         ("hf-llama", 512),

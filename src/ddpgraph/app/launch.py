@@ -33,7 +33,7 @@ LAUNCHER_OPTIONS = ("--nproc",)
 
 def default_nproc() -> int:
     """One process per visible GPU, or two CPU processes (gloo) without CUDA."""
-    return gpu_count() if cuda_available() else 2
+    return gpu_count() or 2
 
 
 def torchrun_command(module_args: Sequence[str], nproc: int, module: str = "ddpgraph") -> list[str]:

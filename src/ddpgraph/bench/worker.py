@@ -15,7 +15,7 @@ from rich.table import Table
 
 from ..ddp.distributed import init_distributed, shutdown
 from . import strategies as _builtin  # noqa: F401  (registers the built-in strategies)
-from .choice import Choice, choose
+from .choice import Choice
 from .compare import fill_speedups, summary
 from .registry import registered, select
 from .schema import Report, StrategyResult
@@ -48,11 +48,6 @@ def main(chosen: Choice, args: argparse.Namespace, argv: list[str]) -> int:
     finally:
         shutdown()
     return 0
-
-
-def plan_from_args(args: argparse.Namespace) -> Plan:
-    """Check every argument, then build the plan they describe."""
-    return plan_of(choose(args))
 
 
 def plan_of(chosen: Choice) -> Plan:
