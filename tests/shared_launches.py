@@ -112,6 +112,7 @@ _batches: list[Batch] = []
 _order: list[_Job] = []  # the selected jobs, in the order their tests will ask
 _lock = threading.Lock()
 _threads: list[threading.Thread] = []
+_session_tmp: list[pytest.TempPathFactory] = []  # the session's, once `start` has run
 
 
 @dataclass(eq=False)
@@ -198,14 +199,19 @@ class Prefetched(_Job, Generic[T]):
         return lambda: self._run(where)
 
     def result(self) -> T:
-        # Run by the test: its folder is an ordinary temporary one (a test module's
-        # top level has no tmp_path_factory).
-        self.wait_for(
-            lambda: self._run(Path(tempfile.mkdtemp(prefix=self._folder)) if self._folder else None)
-        )
+        # Run by the test: its folder is a new one of the session's (`start` keeps the
+        # factory: a test module's top level has none), or outside a session an ordinary
+        # temporary one.
+        self.wait_for(lambda: self._run(_new_folder(self._folder) if self._folder else None))
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
+
+
+def _new_folder(name: str) -> Path:
+    if _session_tmp:
+        return _session_tmp[0].mktemp(name)
+    return Path(tempfile.mkdtemp(prefix=name))
 
 
 def prefetched(call: Callable[[], T], *, waits: bool = False) -> Prefetched[T]:
@@ -277,6 +283,7 @@ def start(tmp_path_factory: pytest.TempPathFactory) -> None:
     launch and a call side by side fill the CPU that either alone leaves; two launches or
     two calls at once would only share it. Once the launches are done, the calls left are
     what ends the session: two threads take them."""
+    _session_tmp[:] = [tmp_path_factory]
     if _threads or not _order:
         return
     runs = {id(job): job.in_background(tmp_path_factory) for job in _order}

@@ -175,11 +175,18 @@ def compare(info: DistInfo, name: str) -> dict[str, Any]:
         control = _run(info, workload, batches, captured=False, ddp_kw=ddp_kw, context=context)
         result["control_rel_diff"] = harness.rel_diff(eager["params"], control["params"])
     if name == "syncbn" and _cpu(info):
-        # The statistics of every rank are used: BatchNorm of each rank's own differs.
+        # The statistics of every rank are used: BatchNorm of each rank's own normalises
+        # the first batch differently already, so one step of it says so.
         plain = _run(
-            info, workload, batches, captured=False, ddp_kw=ddp_kw, context=context, convert=False
+            info,
+            workload,
+            batches[:1],
+            captured=False,
+            ddp_kw=ddp_kw,
+            context=context,
+            convert=False,
         )
-        result["batch_norm_rel_diff"] = harness.rel_diff(plain["params"], graphed["params"])
+        result["batch_norm_loss_diff"] = abs(plain["losses"][0] - graphed["losses"][0])
     return {
         **result,
         **{k: graphed[k] for k in ("state", "code", "reason", "stats", "collectives")},

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import functools
 import json
 import os
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -107,6 +109,9 @@ def run(registry: dict[str, Scenario] | Callable[[list[str]], dict[str, Scenario
     args = parser.parse_args()
     if callable(registry):
         registry = registry(args.names)
+    # torchrun ends the ranks still running with SIGTERM once one fails: a rank that hung
+    # first writes every thread's stack to the launch's log, to say where.
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     _GROUP_TIMEOUT_S["launch"] = float(os.environ.get("DDPGRAPH_TEST_PG_TIMEOUT", "120"))
     info = init_distributed(timeout_s=_GROUP_TIMEOUT_S["launch"])
     # What the imports made is never garbage: left out of every collection, the one

@@ -11,7 +11,6 @@ Lightning joins the process group the harness opened (torchrun's variables).
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -213,8 +212,8 @@ def checkpoint_resume(info: DistInfo) -> dict[str, Any]:
     without, the resumed runs agree, and each captured again."""
     out: dict[str, Any] = {}
     for callback in (False, True):
-        run = os.environ.get("TORCHELASTIC_RUN_ID", "local")  # the same on every rank
-        root = str(Path(tempfile.gettempdir()) / f"ddpgraph_ckpt_{run}_{int(callback)}")
+        # Under the launch's folder (the same on every rank), which the test's tmp_path owns.
+        root = str(Path(harness.out_dir()) / f"ckpt_{int(callback)}")
         _fit(info, callback=callback, epochs=1, root=root, save=True)
         resumed = _fit(
             info, callback=callback, epochs=2, root=root, ckpt=os.path.join(root, "last.ckpt")

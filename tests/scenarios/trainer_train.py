@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -94,8 +93,8 @@ class Record(TrainerCallback):
 
 
 def _root(name: str) -> str:
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "local")  # the same on every rank
-    return str(Path(tempfile.gettempdir()) / f"ddpgraph_trainer_{run}_{name}")
+    # Under the launch's folder (the same on every rank), which the test's tmp_path owns.
+    return str(Path(harness.out_dir()) / f"trainer_{name}")
 
 
 class CountGrads(TrainerCallback):
