@@ -72,7 +72,8 @@ def mypy_result(timeout: float = 900) -> tuple[int, str]:
 
 
 def stop() -> None:
-    """At the session's end: a mypy nobody waited for (its test failed to run) goes."""
+    """A mypy nobody will wait for goes: once collected, where its test was not selected;
+    at the session's end, where its test failed to run."""
     for proc, log in _running.values():
         if proc.poll() is None:
             proc.kill()

@@ -91,7 +91,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # the collections the tests' own garbage brings (tests/collector.py).
     collector.settle()
     collector.tune()
-    if any(item.nodeid.endswith("test_code_quality.py::test_mypy_is_clean") for item in items):
+    if any(
+        item.path == code_checks.TEST_FILE and item.name == "test_mypy_is_clean" for item in items
+    ):
         code_checks.start_mypy()
     else:
         code_checks.stop()  # started before collection, for a test not selected

@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
 
-from ddpgraph.app import cli
-from ddpgraph.bench import command, registered, worker
-from ddpgraph.bench.choice import choose
-from ddpgraph.bench.suite import Plan
-
-
-def _plan(args: argparse.Namespace) -> Plan:
-    """What the workers build from the arguments, once checked."""
-    return worker.plan_of(choose(args))
-
-
-def parse(*argv: str) -> argparse.Namespace:
-    return cli.build_parser("bench").parse_args(["bench", *argv])
+from bench_args import parse
+from bench_args import plan as _plan
+from ddpgraph.bench import command, registered
 
 
 def test_defaults_make_the_published_plan(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from bench_args import parse
 from ddpgraph import Code, DdpGraphUsageError
-from ddpgraph.app.cli import build_parser
 from ddpgraph.app.models import Workload
 from ddpgraph.bench import command
 from ddpgraph.bench.choice import parse_batch_sizes
@@ -77,7 +77,7 @@ def test_the_command_exits_2_before_any_worker_when_the_package_is_missing(
 ) -> None:
     monkeypatch.setitem(sys.modules, "timm", None)
     argv = ["--model", "gpt,timm-vit"]
-    assert command.main(build_parser("bench").parse_args(["bench", *argv]), argv) == 2
+    assert command.main(parse(*argv), argv) == 2
     err = capsys.readouterr().err
     assert "[INVALID_ARGUMENT] `--model timm-vit`" in err and "`timm`" in err
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -10,25 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-from ddpgraph.app import cli
+from bench_args import parse
+from bench_args import plan as _plan
 from ddpgraph.bench import command, varlen_rows, worker
-from ddpgraph.bench.choice import choose
 from ddpgraph.bench.schema import FeedResult, Report, StrategyResult, validate
-from ddpgraph.bench.suite import Plan
 from ddpgraph.bench.varlen_data import padded, step_lengths, varlen_batches
 from ddpgraph.bench.varlen_plan import FAMILIES, MIN_WARMUP, VarLen, default_buckets
 from ddpgraph.bench.varlen_report import plot_varlen, varlen_markdown, varlen_summary
 from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.family.buckets import next_bucket
-
-
-def _plan(args: argparse.Namespace) -> Plan:
-    """What the workers build from the arguments, once checked."""
-    return worker.plan_of(choose(args))
-
-
-def parse(*argv: str) -> argparse.Namespace:
-    return cli.build_parser("bench").parse_args(["bench", *argv])
 
 
 @pytest.mark.parametrize(

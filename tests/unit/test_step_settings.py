@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddpgraph.app.cli import build_parser
+from bench_args import parse, plan
 from ddpgraph.app.models import mlp_workload
-from ddpgraph.bench import worker
 from ddpgraph.bench.case import Case
-from ddpgraph.bench.choice import choose
 from ddpgraph.bench.suite import describe_setup
 from ddpgraph.ddp.distributed import DistInfo
 from ddpgraph.step.step_settings import (
@@ -72,8 +70,9 @@ def test_fused_adam_reads_a_tensor_learning_rate_on_this_torch() -> None:
 
 
 def test_the_bench_records_the_settings_it_ran_with() -> None:
-    plan = worker.plan_of(choose(build_parser("bench").parse_args(["bench", "--model", "mlp"])))
-    setup = describe_setup(DistInfo(0, 1, 0, torch.device("cpu"), "gloo"), plan, [])
+    setup = describe_setup(
+        DistInfo(0, 1, 0, torch.device("cpu"), "gloo"), plan(parse("--model", "mlp")), []
+    )
     assert setup["settings"]["step_settings"] == {
         "adam_kernel": "default",
         "gradient_as_bucket_view": None,
